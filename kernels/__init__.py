@@ -1,0 +1,1 @@
+"""Triton kernels, each with its torch reference and launcher."""

@@ -1,0 +1,125 @@
+"""Every exception rt raises, in one place.
+
+The tree::
+
+    RtError
+    ├── ChannelError                  rings and mailboxes (rt/shm)
+    │   ├── WouldBlock                send_nowait on a full ring / receive_nowait on an empty one
+    │   ├── Closed                    *your* side closed the channel, then used it
+    │   ├── Broken                    the *peer* is gone (died, or closed while you sent)
+    │   ├── EndOfChannel              the peer closed cleanly and every frame has been received
+    │   └── SegmentError              a shared-memory segment is missing, foreign or corrupt
+    ├── ActorError                    supervision (rt/actors)
+    │   ├── ActorStartupError         a child raised during start-up (carries its traceback)
+    │   ├── ActorCrashed              a child exited abnormally (carries the exit reason)
+    │   └── EscalationError           restart intensity exceeded: the run shuts down
+    ├── FaultInjected                 raised on purpose by a fault plan (rt/actors/faults)
+    ├── ConfigError(ValueError)       an option that cannot work, said at start-up
+    ├── ModelLoadError                a model directory that cannot be loaded (rt/gpu)
+    │   └── UnsupportedModelError     an architecture or feature rt does not implement
+    ├── RequestError                  one request is refused or failed; others go on
+    │   ├── InvalidRequestError(ValueError)   bad parameters: says what was expected and what arrived
+    │   ├── ContextOverflowError      prompt + max_new_tokens do not fit the context or the KV pool
+    │   ├── RequestAborted            the request was aborted (client gone, admin abort)
+    │   └── RequestFailedError        in flight for K consecutive crashes (a poison request)
+    └── EngineShutdownError           the engine is stopping and accepts nothing new
+
+As in trio, "you closed it" (``Closed``) and "the peer broke it" (``Broken``)
+are different errors: the first is a bug in the caller, the second a fault
+the supervisor recovers from. This module imports nothing, so every layer
+(rt/gpu included, which never imports trio) can use it.
+"""
+
+from __future__ import annotations
+
+
+class RtError(Exception):
+    """Base of every error rt raises on purpose."""
+
+
+class ChannelError(RtError):
+    """A ring or mailbox cannot do what was asked."""
+
+
+class WouldBlock(ChannelError):
+    """The non-blocking call would have had to wait."""
+
+
+class Closed(ChannelError):
+    """This side of the channel was closed, and then used."""
+
+
+class Broken(ChannelError):
+    """The peer is gone: it died, or it closed the channel while we still sent."""
+
+
+class EndOfChannel(ChannelError):
+    """The peer closed its side cleanly and every frame has been received."""
+
+
+class SegmentError(ChannelError):
+    """A shared-memory segment is missing, not rt's, or its header is corrupt."""
+
+
+class ActorError(RtError):
+    """Supervision of a child process failed."""
+
+
+class ActorStartupError(ActorError):
+    """A child raised before reporting ready. ``child_traceback`` holds its traceback."""
+
+    def __init__(self, message: str, child_traceback: str = "") -> None:
+        super().__init__(message if not child_traceback else f"{message}\n{child_traceback}")
+        self.child_traceback = child_traceback
+
+
+class ActorCrashed(ActorError):
+    """A child exited abnormally. ``reason`` says how (exit code, signal, watchdog)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class EscalationError(ActorError):
+    """A child restarted more than the intensity allows; the whole run stops."""
+
+
+class FaultInjected(RtError):
+    """Raised on purpose by a fault plan."""
+
+
+class ConfigError(RtError, ValueError):
+    """An option that cannot work. The message names the option and the accepted values."""
+
+
+class ModelLoadError(RtError):
+    """A model directory could not be loaded (missing file, bad config, bad weights)."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint needs an architecture or feature rt does not implement."""
+
+
+class RequestError(RtError):
+    """One request was refused or failed; the engine and other requests go on."""
+
+
+class InvalidRequestError(RequestError, ValueError):
+    """A request's parameters are out of range or of the wrong type."""
+
+
+class ContextOverflowError(RequestError):
+    """prompt + max_new_tokens is longer than the model's context or the KV pool."""
+
+
+class RequestAborted(RequestError):
+    """The request was aborted before it finished."""
+
+
+class RequestFailedError(RequestError):
+    """The request was in flight for K consecutive crashes of an actor (a poison request)."""
+
+
+class EngineShutdownError(RtError):
+    """The engine is shutting down and accepts no new work."""

@@ -1,0 +1,1 @@
+"""See docs/architecture.md for this package's role."""
