@@ -1,0 +1,330 @@
+"""The two endpoints of a ring, shaped like trio's memory channels.
+
+Waiting is the eventcount pattern: spin briefly, then set our ``sleeping``
+flag, fence, re-check, and park on our doorbell with
+``trio.lowlevel.wait_readable``. The peer rings the doorbell only when it
+sees the flag, so a busy ring makes no system calls. A parked endpoint wakes
+every ``LIVENESS_S`` to check that its peer's process is still alive, so a
+dead peer turns into :class:`~rt.errors.Broken`, never into a hang.
+
+``Broken`` is not sticky: when a restarted peer attaches to the same ring,
+the endpoint works again. Frames already in the ring are never lost: a
+sender may publish into a ring whose receiver is dead (its successor will
+read them), and a receiver reads every published frame before it reports
+that the producer is gone.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+import trio
+
+from rt.errors import Broken, Closed, EndOfChannel, SegmentError, WouldBlock
+from rt.shm import layout
+from rt.shm.doorbell import Doorbell
+from rt.shm.ring import Endpoint, Frame, RingSpec, fence, side_prefix
+from rt.shm.segment import Segment, unlink
+
+Payload: TypeAlias = "bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]"
+
+SPIN_S = 50e-6  # spin this long before parking: a wake from sleep costs ~100 µs here
+LIVENESS_S = 0.2  # a parked endpoint checks its peer this often
+_SIDE = struct.Struct("<Q")
+
+
+def as_chunks(data: Payload) -> list[memoryview]:
+    if isinstance(data, bytes):
+        return [memoryview(data)]
+    if isinstance(data, bytearray | memoryview):
+        return [memoryview(data).cast("B")]
+    return [memoryview(chunk).cast("B") for chunk in data]
+
+
+async def park(
+    ready: Callable[[], bool],
+    set_sleeping: Callable[[int], None],
+    fd: int,
+    check_peer: Callable[[], None],
+) -> bool:
+    """Return once ``ready()`` holds. Returns whether we actually slept.
+    ``check_peer`` raises when waiting longer is pointless (peer dead)."""
+    deadline = time.perf_counter() + SPIN_S
+    while time.perf_counter() < deadline:
+        if ready():
+            return False
+    check_peer()
+    slept = False
+    while True:
+        set_sleeping(1)
+        fence()  # order "sleeping = 1" before the re-check's loads
+        if ready():
+            set_sleeping(0)
+            return slept
+        slept = True
+        try:
+            with trio.move_on_after(LIVENESS_S):
+                await trio.lowlevel.wait_readable(fd)
+        finally:
+            set_sleeping(0)
+        Doorbell(fd).drain()
+        if ready():
+            return slept
+        check_peer()
+
+
+class RingSender(Endpoint):
+    """The producing end. One task of one process sends at a time."""
+
+    MY_PID, MY_CLOSED = layout.PRODUCER_PID, layout.PRODUCER_CLOSED
+    PEER_PID, PEER_CLOSED = layout.CONSUMER_PID, layout.CONSUMER_CLOSED
+
+    @classmethod
+    def attach(cls, spec: RingSpec) -> RingSender:
+        return cls(spec)
+
+    def __init__(self, spec: RingSpec) -> None:
+        super().__init__(spec)
+        self._max_inline = spec.capacity // 2
+        self._waiting_for = 0
+
+    def send_nowait(self, data: Payload) -> None:
+        """Publish one frame, or raise WouldBlock if the ring has no room for it."""
+        self._send(as_chunks(data), block_ok=False)
+
+    async def send(self, data: Payload) -> None:
+        """Publish one frame, waiting for room (backpressure, never an error)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        chunks = as_chunks(data)
+        need = self._send(chunks, block_ok=True)
+        if need:
+            self._waiting_for = need
+            slept = await park(
+                lambda: self._room() >= need or self.peer_closed(),
+                self._set_sleeping,
+                self.spec.space_fd,
+                self._check_consumer,
+            )
+            self._sleeps += slept
+            self._send(chunks, block_ok=False)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def close(self) -> None:
+        """Close this side: the receiver gets EndOfChannel once it has read every frame."""
+        self._close_mapping(self.spec.data_fd)
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def _room(self) -> int:
+        return layout.free(self._head(), self._tail(), self.spec.capacity)
+
+    def _set_sleeping(self, value: int) -> None:
+        # Not a flag but a threshold: wake me once this much room is free. A
+        # quarter of the ring at least, so a fast producer facing a slower
+        # consumer is woken once per quarter ring, not once per frame (a
+        # wake costs the waker ~200 µs of system call on this VM).
+        self._slots[layout.PRODUCER_SLEEPING] = (
+            max(self._waiting_for, self.spec.capacity // 4) if value else 0
+        )
+
+    def _check_consumer(self) -> None:
+        if not self.peer_alive():
+            raise Broken(
+                f"the receiving process (pid {self._slots[self.PEER_PID]}) of ring "
+                f"{self.spec.name!r} is gone and the ring is full; frames already sent stay "
+                "in the ring for its successor"
+            )
+
+    def _send(self, chunks: list[memoryview], block_ok: bool) -> int:
+        """Send if there is room and return 0. Without room: the frame size needed
+        if ``block_ok``, else raise WouldBlock."""
+        if self._closed:
+            raise Closed("this ring sender was closed")
+        if self.peer_closed():
+            raise Broken(f"the receiver of ring {self.spec.name!r} closed it")
+        length = chunks[0].nbytes if len(chunks) == 1 else sum(c.nbytes for c in chunks)
+        slots = self._slots
+        head = slots[layout.HEAD_SLOT]
+        inline = layout.frame_size(length) <= self._max_inline
+        side_name = "" if inline else f"{side_prefix(self.spec.name)}{head}"
+        need = layout.frame_size(length if inline else _SIDE.size + len(side_name))
+        if self.spec.capacity - (head - slots[layout.TAIL_SLOT]) < need:
+            if block_ok:
+                return need
+            raise WouldBlock(f"ring {self.spec.name!r} has no room for a {length}-byte frame")
+        if inline:
+            new_head = self._ring.write_frame(head, layout.KIND_INLINE, chunks, length)
+        else:
+            body = _write_side(side_name, chunks, length)
+            new_head = self._ring.write_frame(head, layout.KIND_SIDE, [body], body.nbytes)
+        slots[layout.HEAD_SLOT] = new_head  # publish: one 8-byte store
+        self._sent += 1
+        in_use = new_head - slots[layout.TAIL_SLOT]
+        if in_use > self._peak:
+            self._peak = in_use
+        fence()  # order the publish before the load of the consumer's flag
+        if slots[layout.CONSUMER_SLEEPING]:
+            self._ring_peer(layout.CONSUMER_SLEEPING, self.spec.data_fd)
+        return 0
+
+
+class RingReceiver(Endpoint):
+    """The consuming end. Frames stay in the ring until committed."""
+
+    MY_PID, MY_CLOSED = layout.CONSUMER_PID, layout.CONSUMER_CLOSED
+    PEER_PID, PEER_CLOSED = layout.PRODUCER_PID, layout.PRODUCER_CLOSED
+
+    @classmethod
+    def attach(cls, spec: RingSpec, source: int = 0) -> RingReceiver:
+        return cls(spec, source)
+
+    def __init__(self, spec: RingSpec, source: int = 0) -> None:
+        super().__init__(spec)
+        self.source = source
+        # A (re)attached receiver starts at the last commit: everything its
+        # predecessor received but did not commit is delivered again.
+        self._read = self._tail()
+        self._ends: deque[int] = deque()  # where each received, uncommitted frame ends
+        self._sides: dict[int, str] = {}  # frame end -> its side segment
+
+    def has_frame(self) -> bool:
+        return self._head() != self._read
+
+    def receive_nowait(self) -> Frame:
+        """The next frame after those received, or WouldBlock / EndOfChannel."""
+        if self._closed:
+            raise Closed("this ring receiver was closed")
+        slots = self._slots
+        closed = slots[self.PEER_CLOSED]  # load the flag before head: see layout's ordering note
+        at = self._read
+        head = slots[layout.HEAD_SLOT]
+        if head == at:
+            if closed:
+                raise EndOfChannel(f"the sender closed ring {self.spec.name!r}")
+            raise WouldBlock(f"ring {self.spec.name!r} is empty")
+        ring = self._ring
+        length, kind = ring.read_header(at)
+        data = ring.read_payload(at, length)
+        end = at + layout.FRAME_HEADER + ((length + 7) & ~7)
+        if kind == layout.KIND_SIDE:
+            data, self._sides[end] = _read_side(data)
+        self._read = end
+        self._ends.append(end)
+        in_use = head - slots[layout.TAIL_SLOT]
+        if in_use > self._peak:
+            self._peak = in_use
+        return Frame(data, at, end, self.source)
+
+    async def receive(self) -> Frame:
+        """The next frame, waiting for one. Raises Broken if the sender died and
+        every frame it published has been received, EndOfChannel if it closed."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self.has_frame():
+            self.release_producer()
+            slept = await park(
+                lambda: self.has_frame() or self.peer_closed(),
+                self.set_sleeping,
+                self.spec.data_fd,
+                self.check_producer,
+            )
+            self._sleeps += slept
+        frame = self.receive_nowait()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return frame
+
+    def commit(self, frame: Frame | None = None) -> None:
+        """Release every frame up to and including ``frame`` (default: all received).
+        Committing again what is already committed does nothing."""
+        if self._closed:
+            raise Closed("this ring receiver was closed")
+        upto = self._read if frame is None else frame.end
+        if upto > self._read:
+            raise ValueError(f"cannot commit up to {upto}: only {self._read} was received")
+        slots = self._slots
+        if upto <= slots[layout.TAIL_SLOT]:
+            return
+        slots[layout.TAIL_SLOT] = upto
+        ends = self._ends
+        while ends and ends[0] <= upto:
+            end = ends.popleft()
+            self._committed += 1
+            if self._sides:
+                side = self._sides.pop(end, None)
+                if side is not None:
+                    unlink(side)
+        fence()  # order the commit before the load of the producer's threshold
+        wanted = slots[layout.PRODUCER_SLEEPING]
+        if wanted and self.spec.capacity - (slots[layout.HEAD_SLOT] - upto) >= wanted:
+            self._ring_peer(layout.PRODUCER_SLEEPING, self.spec.space_fd)
+
+    def release_producer(self) -> None:
+        """Wake a parked producer whatever room it asked for: called before this
+        receiver parks itself, so two parked ends never wait on each other."""
+        if self._slots[layout.PRODUCER_SLEEPING]:
+            self._ring_peer(layout.PRODUCER_SLEEPING, self.spec.space_fd)
+
+    def set_sleeping(self, value: int) -> None:
+        self._slots[layout.CONSUMER_SLEEPING] = value
+
+    def check_producer(self) -> None:
+        if not self.peer_alive():
+            raise Broken(
+                f"the sending process (pid {self._slots[self.PEER_PID]}) of ring "
+                f"{self.spec.name!r} is gone and every frame it sent was received"
+            )
+
+    def producer_gone(self) -> bool:
+        """Closed or dead: nothing more will come until a successor attaches."""
+        return self.peer_closed() or not self.peer_alive()
+
+    def close(self) -> None:
+        """Close this side. Uncommitted frames stay in the ring for a successor."""
+        self._close_mapping(self.spec.space_fd)
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def __aiter__(self) -> RingReceiver:
+        return self
+
+    async def __anext__(self) -> Frame:
+        try:
+            return await self.receive()
+        except EndOfChannel:
+            raise StopAsyncIteration from None
+
+
+def _write_side(name: str, chunks: list[memoryview], length: int) -> memoryview:
+    """Put a frame too big for the ring in a side segment of its own (named
+    after the frame's offset); return the body of the ring frame that points to it.
+    The receiver unlinks the side segment when it commits the frame."""
+    try:
+        side = Segment.create(name, max(length, 1))
+    except SegmentError:  # left by a predecessor that died before publishing
+        unlink(name)
+        side = Segment.create(name, max(length, 1))
+    with memoryview(side.buf) as view:
+        pos = 0
+        for chunk in chunks:
+            view[pos : pos + chunk.nbytes] = chunk
+            pos += chunk.nbytes
+    side.close()
+    return memoryview(_SIDE.pack(length) + name.encode())
+
+
+def _read_side(body: bytearray) -> tuple[bytearray, str]:
+    (length,) = _SIDE.unpack_from(body)
+    name = body[_SIDE.size :].decode()
+    side = Segment.open(name)
+    data = bytearray(length)
+    with memoryview(side.buf) as view:
+        data[:] = view[:length]
+    side.close()
+    return data, name

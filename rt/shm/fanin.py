@@ -1,0 +1,95 @@
+"""One consumer reading several producer rings fairly.
+
+The rings share one data doorbell (``Ring.create(..., data_bell=bell)``), so
+the consumer parks on a single fd whichever producer wakes it. Receiving
+rotates its starting ring after every frame, so a busy producer cannot
+starve a quiet one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import trio
+
+from rt.errors import Broken, EndOfChannel, WouldBlock
+from rt.shm.channel import RingReceiver, park
+from rt.shm.ring import Frame, RingSpec, RingStatistics
+
+
+class FanInReceiver:
+    """Receives from several rings; ``frame.source`` says which, ``commit(frame)`` releases it."""
+
+    def __init__(self, receivers: Sequence[RingReceiver]) -> None:
+        if not receivers:
+            raise ValueError("a fan-in needs at least one ring")
+        fds = {rx.spec.data_fd for rx in receivers}
+        if len(fds) != 1:
+            raise ValueError(f"fan-in rings must share one data doorbell, got fds {sorted(fds)}")
+        self._fd = fds.pop()
+        self._rings = list(receivers)
+        for i, rx in enumerate(self._rings):
+            rx.source = i
+        self._next = 0
+
+    @classmethod
+    def attach(cls, specs: Sequence[RingSpec]) -> FanInReceiver:
+        return cls([RingReceiver.attach(spec, i) for i, spec in enumerate(specs)])
+
+    def receive_nowait(self) -> Frame:
+        n = len(self._rings)
+        ended = 0
+        for k in range(n):
+            i = (self._next + k) % n
+            try:
+                frame = self._rings[i].receive_nowait()
+            except WouldBlock:
+                continue
+            except EndOfChannel:
+                ended += 1
+                continue
+            self._next = i + 1
+            return frame
+        if ended == n:
+            raise EndOfChannel("every sender of this fan-in closed its ring")
+        raise WouldBlock("every ring of this fan-in is empty")
+
+    async def receive(self) -> Frame:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            frame = self.receive_nowait()
+        except WouldBlock:
+            for rx in self._rings:
+                rx.release_producer()
+            await park(self._ready, self._set_sleeping, self._fd, self._check_producers)
+            frame = self.receive_nowait()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return frame
+
+    def commit(self, frame: Frame) -> None:
+        self._rings[frame.source].commit(frame)
+
+    def statistics(self) -> tuple[RingStatistics, ...]:
+        return tuple(rx.statistics() for rx in self._rings)
+
+    def close(self) -> None:
+        for rx in self._rings:
+            rx.close()
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def _ready(self) -> bool:
+        return any(rx.has_frame() or rx.peer_closed() for rx in self._rings)
+
+    def _set_sleeping(self, value: int) -> None:
+        for rx in self._rings:
+            rx.set_sleeping(value)
+
+    def _check_producers(self) -> None:
+        """Broken only when every producer is gone and at least one died."""
+        if all(rx.producer_gone() for rx in self._rings) and not all(
+            rx.peer_closed() for rx in self._rings
+        ):
+            raise Broken("every sending process of this fan-in is gone")

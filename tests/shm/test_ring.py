@@ -1,0 +1,199 @@
+"""Ring semantics within one process: framing, backpressure, commit, close."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import trio
+import trio.testing
+
+from rt.errors import Broken, Closed, EndOfChannel, SegmentError, WouldBlock
+from rt.shm import Ring, RingReceiver, RingSender, RingSpec, new_run_prefix
+from rt.shm.segment import list_segments
+
+CAP = 4096
+
+
+@pytest.fixture
+def ring() -> Ring:
+    with Ring.create(new_run_prefix(), "unit", capacity=CAP) as ring:
+        yield ring
+
+
+@pytest.fixture
+def pair(ring: Ring) -> tuple[RingSender, RingReceiver]:
+    tx, rx = RingSender.attach(ring.spec), RingReceiver.attach(ring.spec)
+    yield tx, rx
+    tx.close()
+    rx.close()
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 1000, CAP // 2 - 8, CAP // 2, CAP, 4 * CAP + 3])
+async def test_frames_of_every_size_round_trip(pair, size: int) -> None:
+    tx, rx = pair
+    for i in range(5):  # several laps, so frames wrap around the end of the data area
+        payload = os.urandom(size)
+        await tx.send(payload)
+        frame = await rx.receive()
+        assert bytes(frame.data) == payload, f"lap {i}"
+        rx.commit(frame)
+
+
+async def test_scatter_gather_send_concatenates_chunks(pair) -> None:
+    tx, rx = pair
+    chunks = [b"head", bytearray(b"-middle-"), memoryview(b"tail")]
+    tx.send_nowait(chunks)
+    assert bytes(rx.receive_nowait().data) == b"head-middle-tail"
+
+
+async def test_nowait_calls_say_would_block(pair) -> None:
+    tx, rx = pair
+    with pytest.raises(WouldBlock):
+        rx.receive_nowait()
+    sent = 0
+    with pytest.raises(WouldBlock):
+        while True:
+            tx.send_nowait(b"x" * 100)
+            sent += 1
+    assert sent == CAP // 112  # each frame takes 8 + 104 bytes
+    assert rx.statistics().bytes_in_use == sent * 112
+
+
+async def test_a_full_ring_parks_the_sender_until_the_receiver_commits(pair) -> None:
+    tx, rx = pair
+    received = []
+
+    async def produce() -> None:
+        for i in range(200):
+            await tx.send(i.to_bytes(4, "little") * 50)  # 200 B frames: ~20 fill the ring
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        await trio.testing.wait_all_tasks_blocked()
+        assert rx.statistics().bytes_in_use > CAP - 208, "the sender should have filled the ring"
+        for _ in range(200):
+            frame = await rx.receive()
+            received.append(int.from_bytes(frame.data[:4], "little"))
+            rx.commit(frame)
+    assert received == list(range(200))
+    assert tx.statistics().sleeps >= 1
+    assert tx.statistics().peak_bytes_in_use <= CAP
+
+
+async def test_uncommitted_frames_are_delivered_again_to_a_new_receiver(ring, pair) -> None:
+    tx, rx = pair
+    for i in range(4):
+        tx.send_nowait(bytes([i]) * (3000 if i == 2 else 10))  # frame 2 goes through a side segment
+    first = [rx.receive_nowait() for _ in range(4)]
+    rx.commit(first[0])
+    rx.close()  # dies having handled frame 0 only
+    successor = RingReceiver.attach(ring.spec)
+    again = [successor.receive_nowait() for _ in range(3)]
+    assert [(f.offset, bytes(f.data)) for f in again] == [
+        (f.offset, bytes(f.data)) for f in first[1:]
+    ]
+    successor.commit(again[0])
+    successor.commit(again[0])  # committing twice is harmless
+    successor.commit()
+    with pytest.raises(WouldBlock):
+        successor.receive_nowait()
+    assert successor.statistics().frames_committed == 3
+    successor.close()
+
+
+async def test_commit_cannot_run_ahead_of_what_was_received(pair) -> None:
+    tx, rx = pair
+    tx.send_nowait(b"a")
+    tx.send_nowait(b"b")
+    first = rx.receive_nowait()
+    rx.close()
+    other = RingReceiver.attach(tx.spec)
+    other.receive_nowait()
+    other.receive_nowait()
+    other.commit()
+    stale = RingReceiver.attach(tx.spec)  # attaches after the commit: nothing to redeliver
+    with pytest.raises(WouldBlock):
+        stale.receive_nowait()
+    with pytest.raises(ValueError, match="only"):
+        stale.commit(first._replace(end=first.end + 1000))
+    other.close()
+    stale.close()
+
+
+async def test_end_of_channel_comes_after_every_frame(pair) -> None:
+    tx, rx = pair
+    await tx.send(b"last words")
+    await tx.aclose()
+    assert bytes((await rx.receive()).data) == b"last words"
+    with pytest.raises(EndOfChannel):
+        await rx.receive()
+    with pytest.raises(Closed):
+        await tx.send(b"after close")
+
+
+async def test_async_iteration_stops_at_end_of_channel(pair) -> None:
+    tx, rx = pair
+    for i in range(3):
+        tx.send_nowait(bytes([i]))
+    tx.close()
+    assert [bytes(f.data) async for f in rx] == [b"\0", b"\1", b"\2"]
+
+
+async def test_sending_to_a_closed_receiver_is_broken(pair) -> None:
+    tx, rx = pair
+    await rx.aclose()
+    with pytest.raises(Broken, match="closed"):
+        tx.send_nowait(b"x")
+    with pytest.raises(Closed):
+        rx.receive_nowait()
+    with pytest.raises(Closed):
+        rx.commit()
+
+
+async def test_closing_the_sender_wakes_a_parked_receiver(pair) -> None:
+    tx, rx = pair
+    async with trio.open_nursery() as nursery:
+
+        async def close_later() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            tx.close()
+
+        nursery.start_soon(close_later)
+        with trio.fail_after(5), pytest.raises(EndOfChannel):
+            await rx.receive()
+    assert rx.statistics().sleeps == 1
+
+
+async def test_a_cancelled_receive_leaves_the_ring_usable(pair) -> None:
+    tx, rx = pair
+    with trio.move_on_after(0.05) as scope:
+        await rx.receive()
+    assert scope.cancelled_caught
+    tx.send_nowait(b"after")
+    assert bytes((await rx.receive()).data) == b"after"
+
+
+async def test_segments_are_private_and_gone_after_close() -> None:
+    prefix = new_run_prefix()
+    ring = Ring.create(prefix, "private", capacity=CAP)
+    tx = RingSender.attach(ring.spec)
+    tx.send_nowait(b"x" * (3 * CAP))  # an uncommitted side segment
+    mode = os.stat(f"/dev/shm/{ring.spec.name}").st_mode
+    assert stat.S_IMODE(mode) == 0o600
+    assert len(list_segments(prefix)) == 2
+    tx.close()
+    ring.close()
+    assert list_segments(prefix) == []
+
+
+async def test_attaching_to_a_missing_ring_says_so() -> None:
+    spec = RingSpec(f"{new_run_prefix()}_missing", CAP, -1, -1)
+    with pytest.raises(SegmentError, match="does not exist"):
+        RingReceiver.attach(spec)
+
+
+def test_capacity_must_be_a_power_of_two() -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        Ring.create(new_run_prefix(), "odd", capacity=5000)

@@ -1,0 +1,342 @@
+"""rt's shared-memory rings against SGLang's transport, between two processes.
+
+Transports:
+  rt            rt rings, rt's codec (pickle 5; the large batch carries token ids as arrays)
+  zmq           pyzmq PUSH/PULL over ipc://, pickled dicts of lists (what SGLang sends)
+  zmq_rt_codec  the same ZMQ sockets carrying rt's codec (tells the codec's gain apart)
+  mp_queue      multiprocessing.Queue, pickled dicts of lists
+
+Payloads: small = a tokenized request (32-char id + 20 token ids, ~200 B pickled);
+large = one step's output for 64 requests (id + ~27 token ids each, ~8 KB pickled).
+
+Figures: one-way throughput (the child sends, this process receives and decodes)
+and ping-pong round trips back to back (continuous traffic), medians over rounds.
+
+    python tools/bench_ipc.py [--rounds 3] [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import trio
+import zmq
+
+from rt.errors import WouldBlock
+from rt.shm import Ring, RingReceiver, RingSender, RingSpec, codec, new_run_prefix
+
+TRANSPORTS = ("rt", "zmq", "zmq_rt_codec", "mp_queue")
+
+
+def small_message() -> dict[str, Any]:
+    return {
+        "rid": uuid.uuid4().hex,
+        "input_ids": list(range(1000, 1020)),
+        "max_new_tokens": 128,
+        "temperature": 0.7,
+        "stream": True,
+    }
+
+
+def large_message(as_arrays: bool) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(20, 35, size=64)
+    ids = [rng.integers(0, 32000, size=int(n)).tolist() for n in lengths]
+    rids = [uuid.uuid4().hex for _ in range(64)]
+    if not as_arrays:
+        return {"rids": rids, "output_ids": ids, "finished": [False] * 64}
+    return {
+        "rids": rids,
+        "output_ids": np.concatenate([np.asarray(x, dtype=np.int32) for x in ids]),
+        "offsets": np.cumsum(lengths).astype(np.int32),
+        "finished": np.zeros(64, dtype=bool),
+    }
+
+
+def message(payload: str, transport: str) -> Any:
+    return small_message() if payload == "small" else large_message(transport == "rt")
+
+
+# --- the child side: python bench_ipc.py --child TRANSPORT MODE PAYLOAD N ADDR ---------
+
+
+def child(transport: str, mode: str, payload: str, n: int, addr: str) -> None:
+    if transport == "rt":
+        trio.run(rt_child, mode, payload, n, addr)
+        return
+    use_rt_codec = transport == "zmq_rt_codec"
+    ctx = zmq.Context()
+    out, inp = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    out.connect(f"ipc://{addr}.up")
+    inp.connect(f"ipc://{addr}.down")
+
+    def send(obj: Any) -> None:
+        out.send(b"".join(codec.dumps(obj)) if use_rt_codec else pickle.dumps(obj))
+
+    def recv() -> Any:
+        return codec.loads(inp.recv()) if use_rt_codec else pickle.loads(inp.recv())
+
+    recv()  # go
+    if mode == "throughput":
+        msg = message(payload, transport)
+        for _ in range(n):
+            send(msg)
+    else:
+        for _ in range(n):
+            send(recv())
+    recv()  # done
+    ctx.destroy(linger=0)
+
+
+def rt_endpoints(
+    tx: RingSender, rx: RingReceiver
+) -> tuple[Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]]:
+    """Receive and send objects the way rt's actors do: the nowait call first,
+    trio's waiting only when the ring is empty or full. Frames are committed
+    once handled (when the next one is asked for), in batches: every 64
+    frames, and whenever the ring runs dry."""
+    uncommitted = 0
+
+    async def recv() -> Any:
+        nonlocal uncommitted
+        if uncommitted >= 64:
+            rx.commit()
+            uncommitted = 0
+        try:
+            frame = rx.receive_nowait()
+        except WouldBlock:
+            rx.commit()
+            frame = await rx.receive()
+        uncommitted += 1
+        return codec.loads(frame.data)
+
+    async def send(obj: Any) -> None:
+        data = codec.dumps(obj)
+        try:
+            tx.send_nowait(data)
+        except WouldBlock:
+            await tx.send(data)
+
+    return recv, send
+
+
+async def rt_child(mode: str, payload: str, n: int, addr: str) -> None:
+    up_spec, down_spec = (RingSpec(**d) for d in json.loads(addr))
+    tx, rx = RingSender.attach(up_spec), RingReceiver.attach(down_spec)
+    recv, send = rt_endpoints(tx, rx)
+    await recv()  # go
+    if mode == "throughput":
+        msg = message(payload, "rt")
+        for _ in range(n):
+            await send(msg)
+    else:
+        for _ in range(n):
+            await send(await recv())
+    await recv()  # done
+    tx.close()
+    rx.close()
+
+
+# --- the parent side ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Result:
+    msgs_per_s: float
+    rtt_p50_us: float
+    rtt_p99_us: float
+
+
+async def measure(
+    recv: Callable[[], Awaitable[Any]],
+    send: Callable[[Any], Awaitable[None]],
+    mode: str,
+    payload: str,
+    transport: str,
+    n: int,
+) -> list[float]:
+    """Throughput: [msgs/s]. Ping-pong: every round trip in seconds."""
+    await send("go")
+    if mode == "throughput":
+        await recv()
+        start = time.perf_counter()
+        for _ in range(n - 1):
+            await recv()
+        elapsed = time.perf_counter() - start
+        await send("done")
+        return [(n - 1) / elapsed]
+    msg = message(payload, transport)
+    rtts = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await send(msg)
+        await recv()
+        rtts.append(time.perf_counter() - start)
+    await send("done")
+    return rtts
+
+
+def blocking(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """A blocking call as a coroutine (a benchmark may block its own event loop)."""
+
+    async def call(*args: Any) -> Any:
+        return fn(*args)
+
+    return call
+
+
+def spawn(
+    transport: str, mode: str, payload: str, n: int, addr: str, fds: tuple[int, ...] = ()
+) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, __file__, "--child", transport, mode, payload, str(n), addr]
+    return subprocess.Popen(cmd, pass_fds=fds, stdin=subprocess.DEVNULL)
+
+
+def run_zmq(transport: str, mode: str, payload: str, n: int) -> list[float]:
+    use_rt_codec = transport == "zmq_rt_codec"
+    addr = os.path.join(tempfile.mkdtemp(prefix="rt-bench-"), "sock")
+    ctx = zmq.Context()
+    inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    inp.bind(f"ipc://{addr}.up")
+    out.bind(f"ipc://{addr}.down")
+    proc = spawn(transport, mode, payload, n, addr)
+
+    def send(obj: Any) -> None:
+        out.send(b"".join(codec.dumps(obj)) if use_rt_codec else pickle.dumps(obj))
+
+    def recv() -> Any:
+        return codec.loads(inp.recv()) if use_rt_codec else pickle.loads(inp.recv())
+
+    try:
+        return trio.run(measure, blocking(recv), blocking(send), mode, payload, transport, n)
+    finally:
+        proc.wait()
+        ctx.destroy(linger=0)
+
+
+def mp_child(mode: str, payload: str, n: int, up: Any, down: Any) -> None:
+    down.get()
+    if mode == "throughput":
+        msg = message(payload, "mp_queue")
+        for _ in range(n):
+            up.put(msg)
+    else:
+        for _ in range(n):
+            up.put(down.get())
+    down.get()
+
+
+def run_mp_queue(mode: str, payload: str, n: int) -> list[float]:
+    ctx = mp.get_context("spawn")
+    up, down = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=mp_child, args=(mode, payload, n, up, down))
+    proc.start()
+    try:
+        return trio.run(measure, blocking(up.get), blocking(down.put), mode, payload, "mp_queue", n)
+    finally:
+        proc.join()
+
+
+def run_rt(mode: str, payload: str, n: int) -> list[float]:
+    prefix = new_run_prefix()
+    with Ring.create(prefix, "up", 1 << 20) as up, Ring.create(prefix, "down", 1 << 20) as down:
+        addr = json.dumps([dataclasses.asdict(up.spec), dataclasses.asdict(down.spec)])
+        proc = spawn("rt", mode, payload, n, addr, up.fds + down.fds)
+        try:
+            return trio.run(rt_parent, up.spec, down.spec, mode, payload, n)
+        finally:
+            proc.wait()
+
+
+async def rt_parent(up: RingSpec, down: RingSpec, mode: str, payload: str, n: int) -> list[float]:
+    rx, tx = RingReceiver.attach(up), RingSender.attach(down)
+    recv, send = rt_endpoints(tx, rx)
+    try:
+        return await measure(recv, send, mode, payload, "rt", n)
+    finally:
+        rx.close()
+        tx.close()
+
+
+def run(transport: str, mode: str, payload: str, n: int) -> list[float]:
+    if transport == "rt":
+        return run_rt(mode, payload, n)
+    if transport == "mp_queue":
+        return run_mp_queue(mode, payload, n)
+    return run_zmq(transport, mode, payload, n)
+
+
+def bench(rounds: int, quick: bool) -> dict[str, dict[str, Result]]:
+    counts = (
+        {"small": (20_000, 2_000), "large": (4_000, 1_000)}
+        if quick
+        else {"small": (200_000, 10_000), "large": (30_000, 5_000)}
+    )
+    out: dict[str, dict[str, Result]] = {}
+    for payload, (n_tp, n_rtt) in counts.items():
+        out[payload] = {}
+        for transport in TRANSPORTS:
+            tps, p50s, p99s = [], [], []
+            for _ in range(rounds):
+                tps += run(transport, "throughput", payload, n_tp)
+                rtts = np.array(run(transport, "pingpong", payload, n_rtt)) * 1e6
+                p50s.append(float(np.percentile(rtts, 50)))
+                p99s.append(float(np.percentile(rtts, 99)))
+            out[payload][transport] = Result(
+                statistics.median(tps), statistics.median(p50s), statistics.median(p99s)
+            )
+    return out
+
+
+def table(results: dict[str, dict[str, Result]]) -> str:
+    lines = [
+        f"{'payload':8} {'transport':13} {'msgs/s':>10} {'vs zmq':>7} "
+        f"{'rtt p50 µs':>11} {'rtt p99 µs':>11} {'p50 vs zmq':>11}"
+    ]
+    for payload, by_transport in results.items():
+        zmq_r = by_transport["zmq"]
+        for name, r in by_transport.items():
+            lines.append(
+                f"{payload:8} {name:13} {r.msgs_per_s:10.0f} {r.msgs_per_s / zmq_r.msgs_per_s:6.2f}x "
+                f"{r.rtt_p50_us:11.1f} {r.rtt_p99_us:11.1f} {r.rtt_p50_us / zmq_r.rtt_p50_us:10.2f}x"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        transport, mode, payload, n, addr = sys.argv[2:7]
+        child(transport, mode, payload, int(n), addr)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    results = bench(args.rounds, args.quick)
+    if args.json:
+        print(
+            json.dumps(
+                {p: {t: dataclasses.asdict(r) for t, r in by.items()} for p, by in results.items()}
+            )
+        )
+    else:
+        print(table(results))
+
+
+if __name__ == "__main__":
+    main()
