@@ -71,6 +71,11 @@ def message(payload: str, transport: str) -> Any:
     return small_message() if payload == "small" else large_message(transport == "rt")
 
 
+def flat(encoded: bytes | list[bytes | memoryview]) -> bytes:
+    """rt's codec output as one message, for ZMQ."""
+    return encoded if isinstance(encoded, bytes) else b"".join(encoded)
+
+
 # --- the child side: python bench_ipc.py --child TRANSPORT MODE PAYLOAD N ADDR ---------
 
 
@@ -85,7 +90,7 @@ def child(transport: str, mode: str, payload: str, n: int, addr: str) -> None:
     inp.connect(f"ipc://{addr}.down")
 
     def send(obj: Any) -> None:
-        out.send(b"".join(codec.dumps(obj)) if use_rt_codec else pickle.dumps(obj))
+        out.send(flat(codec.dumps(obj)) if use_rt_codec else pickle.dumps(obj))
 
     def recv() -> Any:
         return codec.loads(inp.recv()) if use_rt_codec else pickle.loads(inp.recv())
@@ -216,7 +221,7 @@ def run_zmq(transport: str, mode: str, payload: str, n: int) -> list[float]:
     proc = spawn(transport, mode, payload, n, addr)
 
     def send(obj: Any) -> None:
-        out.send(b"".join(codec.dumps(obj)) if use_rt_codec else pickle.dumps(obj))
+        out.send(flat(codec.dumps(obj)) if use_rt_codec else pickle.dumps(obj))
 
     def recv() -> Any:
         return codec.loads(inp.recv()) if use_rt_codec else pickle.loads(inp.recv())

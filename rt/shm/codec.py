@@ -10,7 +10,8 @@ module never imports torch itself. ``code=True`` uses cloudpickle, for the
 rare payload that carries a function; nothing from the network is ever
 unpickled.
 
-Frame layout::
+Frame layout: a message without out-of-band buffers is its bare pickle
+stream (it starts with the PROTO opcode, 0x80). Otherwise::
 
     u8 version | u8 reserved | u16 buffer count | u32 pickle length | u64 each buffer's length
     pickle stream, then each buffer, every piece starting on an 8-byte boundary
@@ -27,6 +28,7 @@ from typing import Any
 import cloudpickle
 
 VERSION = 1
+_PROTO = pickle.PROTO[0]
 _HEAD = struct.Struct("<BBHI")
 _PAD = bytes(8)
 
@@ -60,15 +62,16 @@ def _pickle(obj: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
     return stream.getvalue()
 
 
-def dumps(obj: Any, *, code: bool = False) -> list[bytes | memoryview]:
-    """Serialize ``obj`` into buffers for ``RingSender.send``."""
+def dumps(obj: Any, *, code: bool = False) -> bytes | list[bytes | memoryview]:
+    """Serialize ``obj`` for ``RingSender.send``: one ``bytes`` when it holds no
+    array (the common, fast case), else a list of buffers to write in turn."""
     buffers: list[pickle.PickleBuffer] = []
     if code:
         body = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     else:
         body = _pickle(obj, buffers)
     if not buffers:
-        return [_HEAD.pack(VERSION, 0, 0, len(body)) + body]
+        return body
     raws = [buf.raw() for buf in buffers]
     sizes = [raw.nbytes for raw in raws]
     head = _HEAD.pack(VERSION, 0, len(raws), len(body)) + struct.pack(f"<{len(sizes)}Q", *sizes)
@@ -84,12 +87,12 @@ def dumps(obj: Any, *, code: bool = False) -> list[bytes | memoryview]:
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
     """Rebuild the object; arrays are views of ``data`` (writable if it is)."""
+    if data[0] == _PROTO:
+        return pickle.loads(data)
     version, _, count, body_len = _HEAD.unpack_from(data)
     if version != VERSION:
         raise ValueError(f"codec version {version} in frame, this rt reads {VERSION}")
     view = memoryview(data)
-    if not count:
-        return pickle.loads(view[_HEAD.size : _HEAD.size + body_len])
     sizes = struct.unpack_from(f"<{count}Q", view, _HEAD.size)
     pos = _HEAD.size + 8 * count
     body = view[pos : pos + body_len]

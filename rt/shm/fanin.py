@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import trio
 
 from rt.errors import Broken, EndOfChannel, WouldBlock
-from rt.shm.channel import RingReceiver, park
+from rt.shm.channel import RingReceiver, Waiter
 from rt.shm.ring import Frame, RingSpec, RingStatistics
 
 
@@ -21,19 +21,16 @@ class FanInReceiver:
     """Receives from several rings; ``frame.source`` says which, ``commit(frame)`` releases it."""
 
     def __init__(self, receivers: Sequence[RingReceiver]) -> None:
-        if not receivers:
-            raise ValueError("a fan-in needs at least one ring")
-        fds = {rx.spec.data_fd for rx in receivers}
-        if len(fds) != 1:
-            raise ValueError(f"fan-in rings must share one data doorbell, got fds {sorted(fds)}")
-        self._fd = fds.pop()
+        self._fd = _shared_doorbell([rx.spec for rx in receivers])
         self._rings = list(receivers)
         for i, rx in enumerate(self._rings):
             rx.source = i
         self._next = 0
+        self._waiter = Waiter(self._fd, self._set_sleeping)
 
     @classmethod
     def attach(cls, specs: Sequence[RingSpec]) -> FanInReceiver:
+        _shared_doorbell(specs)
         return cls([RingReceiver.attach(spec, i) for i, spec in enumerate(specs)])
 
     def receive_nowait(self) -> Frame:
@@ -61,7 +58,7 @@ class FanInReceiver:
         except WouldBlock:
             for rx in self._rings:
                 rx.release_producer()
-            await park(self._ready, self._set_sleeping, self._fd, self._check_producers)
+            await self._waiter.wait(self._ready, self._check_producers)
             frame = self.receive_nowait()
         await trio.lowlevel.cancel_shielded_checkpoint()
         return frame
@@ -93,3 +90,12 @@ class FanInReceiver:
             rx.peer_closed() for rx in self._rings
         ):
             raise Broken("every sending process of this fan-in is gone")
+
+
+def _shared_doorbell(specs: Sequence[RingSpec]) -> int:
+    if not specs:
+        raise ValueError("a fan-in needs at least one ring")
+    fds = {spec.data_fd for spec in specs}
+    if len(fds) != 1:
+        raise ValueError(f"fan-in rings must share one data doorbell, got fds {sorted(fds)}")
+    return fds.pop()

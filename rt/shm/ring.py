@@ -12,21 +12,26 @@ import os
 import select
 import threading
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from rt.errors import SegmentError
 from rt.shm import layout
 from rt.shm.doorbell import Doorbell
 from rt.shm.segment import Segment, list_segments, unlink
 
-_FENCE = threading.Lock()
+if TYPE_CHECKING:
+    from rt.shm.channel import Waiter
+
+# Acquiring a lock is a locked instruction on x86: a full barrier, which
+# orders an earlier store before a later load (plain TSO does not). The
+# doorbell protocol needs one between "set sleeping" and "re-check", and
+# between "publish" and "is the peer sleeping?". Hot paths inline `with FENCE`.
+FENCE = threading.Lock()
 
 
 def fence() -> None:
-    """A full memory barrier. Acquiring a lock is a locked instruction on x86,
-    which orders an earlier store before a later load (plain TSO does not).
-    The doorbell protocol needs it between "set sleeping" and "re-check"."""
-    with _FENCE:
+    """A full memory barrier (see FENCE)."""
+    with FENCE:
         pass
 
 
@@ -162,6 +167,7 @@ class Endpoint:
     in the header, liveness of the peer, and counters for statistics."""
 
     # Slot indices of this side and the peer's; set by subclasses.
+    _waiter: Waiter
     MY_PID: int
     MY_CLOSED: int
     PEER_PID: int
@@ -182,7 +188,7 @@ class Endpoint:
         self._closed = False
         self._peak = 0
         self._sent = self._received = self._committed = 0
-        self._sleeps = self._wakeups = 0
+        self._wakeups = 0
 
     def peer_alive(self) -> bool:
         return self._peer.alive(self._slots[self.PEER_PID])
@@ -199,7 +205,7 @@ class Endpoint:
             frames_sent=self._sent,
             frames_received=self._received,
             frames_committed=self._committed,
-            sleeps=self._sleeps,
+            sleeps=self._waiter.sleeps,
             wakeups=self._wakeups,
         )
 

@@ -9,13 +9,22 @@ import torch
 from rt.shm import codec
 
 
-def joined(buffers: list[bytes | memoryview]) -> bytearray:
+def joined(buffers: bytes | list[bytes | memoryview]) -> bytearray:
+    if isinstance(buffers, bytes):
+        return bytearray(buffers)
     return bytearray(b"".join(bytes(b) for b in buffers))
+
+
+def test_a_message_without_arrays_is_one_buffer() -> None:
+    encoded = codec.dumps({"rid": "a" * 32, "input_ids": list(range(20))})
+    assert isinstance(encoded, bytes)
+    assert codec.loads(encoded) == {"rid": "a" * 32, "input_ids": list(range(20))}
 
 
 def test_arrays_travel_out_of_band() -> None:
     ids = np.arange(100_000, dtype=np.int64)
     buffers = codec.dumps({"rid": "a" * 32, "ids": ids})
+    assert isinstance(buffers, list)
     pickle_stream = buffers[1]
     assert len(pickle_stream) < 1000, "the array's bytes were copied into the pickle stream"
     assert any(memoryview(b).nbytes == ids.nbytes for b in buffers), "the array is its own buffer"
@@ -61,7 +70,7 @@ def test_code_payloads_need_cloudpickle() -> None:
 
 
 def test_a_frame_from_another_version_is_refused() -> None:
-    frame = joined(codec.dumps(1))
+    frame = joined(codec.dumps(np.arange(3)))
     frame[0] = 99
     with pytest.raises(ValueError, match="version 99"):
         codec.loads(frame)
