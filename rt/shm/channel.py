@@ -45,7 +45,7 @@ _SIDE = struct.Struct("<Q")
 
 
 def as_chunks(data: Payload) -> list[memoryview]:
-    if type(data) is bytes:
+    if isinstance(data, bytes):
         return [memoryview(data)]
     if isinstance(data, bytearray | memoryview):
         return [memoryview(data).cast("B")]
