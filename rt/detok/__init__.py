@@ -1,0 +1,1 @@
+"""The detokenizer's pure core: incremental decoding and stop strings."""

@@ -1,0 +1,204 @@
+"""Incremental, UTF-8-safe detokenization of many requests at once.
+
+Each request keeps its ids with two offsets into them (the method of vLLM's
+and SGLang's detokenizers): text is the difference between
+``decode(ids[prefix:])`` and ``decode(ids[prefix:read])``, so a token is
+decoded with a little context before it (a leading space survives), and a
+delta that ends in an incomplete UTF-8 character (U+FFFD) is held until the
+next token completes it. The first context is the tail of the prompt.
+
+Every update carries the offset of its first token in the request's output,
+so a token seen twice (a redelivered frame, a resubmitted request) is
+recognised and skipped: feeding the same update twice emits nothing new.
+A detokenizer that restarts rebuilds a request by opening it with the ids
+the frontend already holds; the frontend skips text it already has by
+``text_offset``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rt.detok.stops import StopMatcher
+
+CONTEXT_TOKENS = 5  # prompt tokens decoded before the first output token
+REPLACEMENT = "\ufffd"
+
+
+@dataclass(frozen=True)
+class DetokParams:
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenUpdate:
+    """New output tokens of one request, from one scheduler step."""
+
+    rid: str
+    token_offset: int  # position of ids[0] in the request's output
+    ids: Sequence[int]
+    finished: bool = False  # the scheduler finished it (EOS, length, abort)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    rid: str
+    token_offset: int  # position of ids[0] in the output (ids new to this detokenizer)
+    ids: tuple[int, ...]
+    text_offset: int  # position of text[0] in the output text
+    text: str
+    stop_matched: str | None = None  # set once a stop string ended the request
+    finished: bool = False  # no more text will come for this request
+
+
+class DecodeState:
+    """One request's ids, offsets and stop-string matcher."""
+
+    def __init__(self, context: Sequence[int], params: DetokParams) -> None:
+        self.params = params
+        self.ids = list(context[-CONTEXT_TOKENS:]) if CONTEXT_TOKENS else []
+        self.n_context = len(self.ids)
+        self.prefix = 0
+        self.read = self.n_context
+        self.stops = StopMatcher(params.stop)
+        self.text_len = 0
+        self.finished = False
+
+    @property
+    def n_output(self) -> int:
+        return len(self.ids) - self.n_context
+
+
+class IncrementalDetokenizer:
+    """Turns token updates of many requests into text deltas, one batch at a time."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._special = set(getattr(tokenizer, "all_special_ids", ()))
+        self._states: dict[str, DecodeState] = {}
+
+    def open(
+        self,
+        rid: str,
+        prompt_ids: Sequence[int],
+        params: DetokParams,
+        prior_ids: Sequence[int] = (),
+    ) -> None:
+        """Start (or, after a restart, rebuild) a request. ``prior_ids`` are output
+        tokens already generated: decoded now, their text counted as emitted."""
+        if rid in self._states:
+            return  # idempotent: a duplicate open changes nothing
+        self._states[rid] = DecodeState(prompt_ids, params)
+        if prior_ids:
+            self.step([TokenUpdate(rid, 0, prior_ids)])
+
+    def close(self, rid: str) -> None:
+        self._states.pop(rid, None)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._states
+
+    def step(self, updates: Sequence[TokenUpdate]) -> list[TextDelta]:
+        """Apply one frame of updates; return a delta per request that changed."""
+        touched: list[tuple[TokenUpdate, DecodeState, tuple[int, ...], int]] = []
+        for update in updates:
+            state = self._states.get(update.rid)
+            if state is None or state.finished:
+                continue
+            skip = state.n_output - update.token_offset
+            if skip < 0:
+                raise ValueError(
+                    f"request {update.rid}: tokens from offset {update.token_offset} arrived "
+                    f"but only {state.n_output} came before; a gap means a lost frame"
+                )
+            new = tuple(update.ids[skip:])
+            if not new and not update.finished:
+                continue
+            first = state.n_output
+            state.ids.extend(new)
+            touched.append((update, state, new, first))
+        texts = self._decode_pairs([s for _, s, _, _ in touched])
+        deltas = []
+        for (update, state, new, first), (prefix_text, full_text) in zip(
+            touched, texts, strict=True
+        ):
+            text = ""
+            complete = not full_text.endswith(REPLACEMENT)
+            if len(full_text) > len(prefix_text) and (complete or update.finished):
+                text = full_text[len(prefix_text) :]
+                state.prefix, state.read = state.read, len(state.ids)
+            text = state.stops.feed(text)
+            if update.finished or state.stops.matched is not None:
+                text += state.stops.flush()
+                state.finished = True
+            offset = state.text_len
+            state.text_len += len(text)
+            deltas.append(
+                TextDelta(
+                    update.rid,
+                    first,
+                    new,
+                    offset,
+                    text,
+                    state.stops.matched,
+                    state.finished,
+                )
+            )
+        return deltas
+
+    def _decode_pairs(self, states: Sequence[DecodeState]) -> list[tuple[str, str]]:
+        """(decode(ids[prefix:read]), decode(ids[prefix:])) for each state, batched."""
+        if not states:
+            return []
+        seqs: list[list[int]] = []
+        for state in states:
+            seqs.append(state.ids[state.prefix : state.read])
+            seqs.append(state.ids[state.prefix :])
+        texts = self._decode_many(seqs, states)
+        return [(texts[2 * i], texts[2 * i + 1]) for i in range(len(states))]
+
+    def _decode_many(self, seqs: list[list[int]], states: Sequence[DecodeState]) -> list[str]:
+        out = [""] * len(seqs)
+        groups: dict[bool, list[int]] = {True: [], False: []}
+        for i, seq in enumerate(seqs):
+            params = states[i // 2].params
+            if (
+                not params.skip_special_tokens
+                and params.spaces_between_special_tokens
+                and self._special.intersection(seq)
+            ):
+                out[i] = self._decode_spaced(seq)
+            else:
+                groups[params.skip_special_tokens].append(i)
+        for skip, idx in groups.items():
+            if idx:
+                for i, text in zip(idx, self._batch_decode([seqs[i] for i in idx], skip)):
+                    out[i] = text
+        return out
+
+    def _batch_decode(self, seqs: list[list[int]], skip: bool) -> list[str]:
+        if self._backend is not None:  # the Rust tokenizer decodes the batch in one call
+            return list(self._backend.decode_batch(seqs, skip_special_tokens=skip))
+        return list(self._tokenizer.batch_decode(seqs, skip_special_tokens=skip))
+
+    def _decode_spaced(self, seq: list[int]) -> str:
+        """Special tokens kept and set apart by spaces, as slow Hugging Face
+        tokenizers did with ``spaces_between_special_tokens=True``."""
+        parts: list[str] = []
+        run: list[int] = []
+        for token in seq:
+            if token in self._special:
+                if run:
+                    parts.append(self._batch_decode([run], False)[0])
+                    run = []
+                parts.append(self._tokenizer.convert_ids_to_tokens(token))
+            else:
+                run.append(token)
+        if run:
+            parts.append(self._batch_decode([run], False)[0])
+        return " ".join(parts)
