@@ -177,7 +177,8 @@ class IncrementalDetokenizer:
                 groups[params.skip_special_tokens].append(i)
         for skip, idx in groups.items():
             if idx:
-                for i, text in zip(idx, self._batch_decode([seqs[i] for i in idx], skip)):
+                decoded = self._batch_decode([seqs[i] for i in idx], skip)
+                for i, text in zip(idx, decoded, strict=True):
                     out[i] = text
         return out
 

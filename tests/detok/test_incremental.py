@@ -141,7 +141,7 @@ def merge(have: str, offset: int, text: str) -> str:
 
 
 def test_special_tokens_kept_and_spaced(tokenizer) -> None:
-    ids = tokenizer.encode("Hello") + [tokenizer.eos_token_id] + tokenizer.encode("there")
+    ids = [*tokenizer.encode("Hello"), tokenizer.eos_token_id, *tokenizer.encode("there")]
     for skip, spaced, want in [
         (True, True, "Hellothere"),
         (False, False, "Hello<|end|>there"),
