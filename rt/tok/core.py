@@ -1,0 +1,138 @@
+"""Text, token ids or chat messages → validated, tokenized requests.
+
+One call handles a batch: chat messages are rendered with the model's chat
+template, every text is encoded in one call of the (Rust) tokenizer, and
+each request is validated on its own, so a bad request is refused alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rt.errors import ContextOverflowError, InvalidRequestError, RequestError
+from rt.messages import GenerateRequest, Refused, Scheduled, Tokenized
+
+
+class TokenizerCore:
+    def __init__(self, tokenizer: Any, context_length: int, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+
+    def process(
+        self, reqs: Sequence[GenerateRequest]
+    ) -> list[tuple[Scheduled, Tokenized] | Refused]:
+        """One result per request, in order: the request for the scheduler and the
+        ids for the frontend, or why it was refused."""
+        texts: dict[int, str] = {}
+        plain: dict[int, bool] = {}
+        results: list[tuple[Scheduled, Tokenized] | Refused | None] = [None] * len(reqs)
+        for i, req in enumerate(reqs):
+            try:
+                text = self._text_of(req)
+            except RequestError as err:
+                results[i] = refuse(req.rid, err)
+                continue
+            if text is not None:
+                texts[i] = text
+                plain[i] = req.messages is None
+        encoded = self._encode(texts, plain)
+        for i, req in enumerate(reqs):
+            if results[i] is not None:
+                continue
+            ids = encoded[i] if i in encoded else list(req.input_ids or ())
+            try:
+                results[i] = self._validate(req, ids)
+            except RequestError as err:
+                results[i] = refuse(req.rid, err)
+        return [r for r in results if r is not None]
+
+    def _text_of(self, req: GenerateRequest) -> str | None:
+        given = [
+            name for name in ("text", "input_ids", "messages") if getattr(req, name) is not None
+        ]
+        if len(given) != 1:
+            raise InvalidRequestError(
+                f"expected exactly one of text, input_ids or messages; got {given or 'none'}"
+            )
+        if req.text is not None:
+            if not isinstance(req.text, str):
+                raise InvalidRequestError(f"text: expected a string, got {type(req.text).__name__}")
+            return req.text
+        if req.messages is not None:
+            return self._render_chat(req.messages)
+        return None
+
+    def _render_chat(self, messages: Sequence[Any]) -> str:
+        if not messages:
+            raise InvalidRequestError("messages: expected at least one message, got none")
+        for k, msg in enumerate(messages):
+            if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+                raise InvalidRequestError(
+                    f"messages[{k}]: expected an object with 'role' and 'content', got {msg!r}"
+                )
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError(
+                "messages: this model has no chat template; send text or input_ids instead"
+            )
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=True
+            )
+        except Exception as err:  # a template error is the caller's input, not a crash
+            raise InvalidRequestError(f"messages: the chat template failed: {err}") from err
+        return str(text)
+
+    def _encode(self, texts: dict[int, str], plain: dict[int, bool]) -> dict[int, list[int]]:
+        """Encode every text in at most two tokenizer calls (with and without special tokens:
+        a rendered chat template already holds them)."""
+        out: dict[int, list[int]] = {}
+        for add_special in (True, False):
+            idx = [i for i in texts if plain[i] == add_special]
+            if idx:
+                batch = self.tokenizer([texts[i] for i in idx], add_special_tokens=add_special)
+                for i, ids in zip(idx, batch["input_ids"], strict=True):
+                    out[i] = list(ids)
+        return out
+
+    def _validate(self, req: GenerateRequest, ids: list[int]) -> tuple[Scheduled, Tokenized]:
+        if not ids:
+            raise InvalidRequestError("the prompt is empty: expected at least one token")
+        bad = next(
+            (
+                t
+                for t in ids
+                if isinstance(t, bool)
+                or not isinstance(t, int | np.integer)
+                or not 0 <= t < self.vocab_size
+            ),
+            None,
+        )
+        if bad is not None:
+            raise InvalidRequestError(
+                f"input_ids: expected token ids in [0, {self.vocab_size}), got {bad!r}"
+            )
+        req.sampling.validate(self.vocab_size)
+        budget = self.context_length - req.sampling.max_new_tokens
+        truncated = 0
+        if len(ids) > budget:
+            if not req.allow_auto_truncate or budget < 1:
+                raise ContextOverflowError(
+                    f"the prompt has {len(ids)} tokens and max_new_tokens is "
+                    f"{req.sampling.max_new_tokens}, together over the context length "
+                    f"{self.context_length}; shorten the prompt, lower max_new_tokens, "
+                    "or set allow_auto_truncate"
+                )
+            truncated = len(ids) - budget
+            ids = ids[truncated:]  # keep the end of the prompt: the part the answer follows
+        arr = np.asarray(ids, dtype=np.int64)
+        return Scheduled(req.rid, arr, req.sampling, req.priority), Tokenized(
+            req.rid, arr, truncated
+        )
+
+
+def refuse(rid: str, err: RequestError) -> Refused:
+    return Refused(rid, type(err).__name__, str(err))
