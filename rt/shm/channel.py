@@ -297,6 +297,16 @@ class RingReceiver(Endpoint):
         if self._slots[layout.PRODUCER_SLEEPING]:
             self._ring_peer(layout.PRODUCER_SLEEPING, self.spec.space_fd)
 
+    def mark(self, frame: Frame) -> int:
+        """Record that ``frame`` is being handled now. Returns how many consumers
+        in a row, this one included, started handling this very frame: 1 the
+        first time; more when predecessors died with it in hand (a poison frame)."""
+        slots = self._slots
+        count = slots[layout.MARK_COUNT] + 1 if slots[layout.MARK_OFFSET] == frame.offset + 1 else 1
+        slots[layout.MARK_COUNT] = count
+        slots[layout.MARK_OFFSET] = frame.offset + 1  # + 1: zero means "no mark"
+        return count
+
     def set_sleeping(self, value: int) -> None:
         self._slots[layout.CONSUMER_SLEEPING] = value
 

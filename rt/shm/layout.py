@@ -8,7 +8,7 @@ Header (each counter on its own 64-byte cache line)::
     0    magic, capacity, creator pid
     64   head: bytes the producer has published (monotonic u64)
     128  tail: bytes the consumer has committed (monotonic u64)
-    192  consumer: sleeping flag, pid, closed flag
+    192  consumer: sleeping flag, pid, closed flag, mark (frame offset, count)
     256  producer: sleeping flag, pid, closed flag
     4096 data area, ``capacity`` bytes (a power of two)
 
@@ -41,6 +41,7 @@ MAGIC_SLOT, CAPACITY_SLOT, CREATOR_SLOT = 0, 1, 2
 HEAD_SLOT = 64 // 8
 TAIL_SLOT = 128 // 8
 CONSUMER_SLEEPING, CONSUMER_PID, CONSUMER_CLOSED = 192 // 8, 192 // 8 + 1, 192 // 8 + 2
+MARK_OFFSET, MARK_COUNT = 192 // 8 + 3, 192 // 8 + 4  # the frame being handled, and by how many
 PRODUCER_SLEEPING, PRODUCER_PID, PRODUCER_CLOSED = 256 // 8, 256 // 8 + 1, 256 // 8 + 2
 
 KIND_INLINE = 0

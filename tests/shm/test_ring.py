@@ -197,3 +197,25 @@ async def test_attaching_to_a_missing_ring_says_so() -> None:
 def test_capacity_must_be_a_power_of_two() -> None:
     with pytest.raises(ValueError, match="power of two"):
         Ring.create(new_run_prefix(), "odd", capacity=5000)
+
+
+async def test_marks_count_consumers_that_died_handling_a_frame(ring, pair) -> None:
+    tx, rx = pair
+    for i in range(3):
+        tx.send_nowait(bytes([i]))
+    first = rx.receive_nowait()
+    assert rx.mark(first) == 1
+    assert rx.mark(first) == 2  # marking again counts again: one mark per handling
+    second = rx.receive_nowait()
+    assert rx.mark(second) == 1
+    rx.close()  # dies handling the second frame
+    for attempt in (2, 3):
+        successor = RingReceiver.attach(ring.spec)
+        successor.receive_nowait()
+        again = successor.receive_nowait()
+        assert (again.offset, successor.mark(again)) == (second.offset, attempt)
+        successor.close()
+    last = RingReceiver.attach(ring.spec)
+    frames = [last.receive_nowait() for _ in range(3)]
+    assert last.mark(frames[2]) == 1
+    last.close()
