@@ -1,0 +1,1 @@
+"""The frontend: the request table and the engine that routes results to callers."""
