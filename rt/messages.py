@@ -97,10 +97,15 @@ class FinishNow:
 class OpenStream:
     """Start (or, after a detokenizer restart, rebuild) the decode state of a stream."""
 
-    key: str  # rid, or rid/index for the children of n > 1
+    rid: str
+    index: int
     prompt_tail: np.ndarray
     detok: DetokOptions
     prior_ids: np.ndarray
+
+    @property
+    def key(self) -> str:
+        return stream_key(self.rid, self.index)
 
 
 @dataclass(frozen=True)

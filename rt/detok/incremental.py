@@ -88,14 +88,17 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int],
         params: DetokParams,
         prior_ids: Sequence[int] = (),
-    ) -> None:
+    ) -> list[TextDelta]:
         """Start (or, after a restart, rebuild) a request. ``prior_ids`` are output
-        tokens already generated: decoded now, their text counted as emitted."""
+        tokens already generated: for a new request they are decoded now and their
+        text counted as emitted (nothing is returned). Opening a request that is
+        open already merges ``prior_ids`` as an update and returns what was new."""
         if rid in self._states:
-            return  # idempotent: a duplicate open changes nothing
+            return self.step([TokenUpdate(rid, 0, prior_ids)]) if prior_ids else []
         self._states[rid] = DecodeState(prompt_ids, params)
         if prior_ids:
             self.step([TokenUpdate(rid, 0, prior_ids)])
+        return []
 
     def close(self, rid: str) -> None:
         self._states.pop(rid, None)

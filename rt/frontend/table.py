@@ -23,7 +23,6 @@ from rt.messages import (
     Scheduled,
     SeqDelta,
     Tokenized,
-    stream_key,
 )
 
 
@@ -177,7 +176,8 @@ class RequestTable:
         tail = record.input_ids[-CONTEXT_TOKENS:]
         return [
             OpenStream(
-                stream_key(record.rid, i),
+                record.rid,
+                i,
                 tail,
                 record.req.detok,
                 np.asarray(seq.output_ids, dtype=np.int64),

@@ -152,3 +152,14 @@ def test_special_tokens_kept_and_spaced(tokenizer) -> None:
         detok.open("r", [], params)
         deltas = stream(detok, "r", ids, [1] * len(ids))
         assert "".join(d.text for d in deltas) == want
+
+
+def test_opening_an_open_request_merges_its_prior_output(tokenizer) -> None:
+    ids = tokenizer.encode("Hello there friend")
+    detok = IncrementalDetokenizer(tokenizer)
+    assert detok.open("r", [], DetokParams()) == []  # a redelivered open, with no output
+    (delta,) = detok.open("r", [], DetokParams(), prior_ids=ids[:3])  # the rebuild
+    assert delta.text == tokenizer.decode(ids[:3]) and delta.token_offset == 0
+    assert detok.open("r", [], DetokParams(), prior_ids=ids[:3]) == []
+    (rest,) = detok.step([TokenUpdate("r", 3, ids[3:], finished=True)])
+    assert delta.text + rest.text == "Hello there friend"

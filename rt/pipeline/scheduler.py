@@ -1,0 +1,146 @@
+"""The scheduler actor: the engine core in a trio loop.
+
+One task per inbox (each tokenizer worker's ring, the frontend's control
+ring) receives frames. Aborts and "finish now" go to the core at once (they
+are thread-safe); new requests wait in a list and join the core between steps
+(``add_request`` must not overlap a step), and their frames are committed
+once they are in. A request the core has seen is not added twice: a frame
+redelivered after a tokenizer restart and the frontend's resubmission after
+a scheduler restart are both recognised by rid.
+
+The step runs in a worker thread, so aborts and heartbeats keep flowing while
+the model computes. Each step's new tokens, for every request, go to the
+detokenizer in one frame, token ids as arrays, each with its offset in the
+request's output.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import trio
+
+from rt.actors import Actor, ActorContext
+from rt.errors import RequestError
+from rt.gpu.engine import EngineCore
+from rt.gpu.engine_config import EngineConfig
+from rt.gpu.request import StepOutput
+from rt.messages import Abort, FinishNow, Refused, Scheduled, SeqTokens, StepTokens
+from rt.shm import Frame
+from rt.tok.core import refuse
+
+OUT = "sched-detok"
+REMEMBERED_RIDS = 100_000  # rids admitted or ended, kept to recognise late duplicates
+
+
+class SchedulerActor(Actor):
+    fault_points = frozenset({"step", "forward"})
+
+    def __init__(self, config: EngineConfig, inboxes: tuple[str, ...]) -> None:
+        self.config = config
+        self.inboxes = inboxes
+
+    async def startup(self, ctx: ActorContext) -> None:
+        self.engine = await trio.to_thread.run_sync(EngineCore, self.config)
+        self.incoming: list[tuple[Scheduled, str, Frame]] = []
+        self.seen: OrderedDict[str, None] = OrderedDict()
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.refused: list[Refused] = []
+        self.wakeup = trio.Event()
+        self.steps = 0
+
+    async def run(self, ctx: ActorContext) -> None:
+        async with trio.open_nursery() as nursery:
+            for name in self.inboxes:
+                nursery.start_soon(self._receive, ctx, name)
+            await self._loop(ctx)
+
+    async def _receive(self, ctx: ActorContext, name: str) -> None:
+        inbox = ctx.inbox[name]
+        while True:
+            msg, frame = await inbox.receive_obj()
+            if isinstance(msg, Scheduled):
+                self.incoming.append((msg, name, frame))
+            elif isinstance(msg, Abort | FinishNow):
+                # Remembered, so that a request still waiting to be admitted is
+                # skipped; the core ends it if it is already in.
+                self._remember(msg.rid)
+                (self.engine.abort if isinstance(msg, Abort) else self.engine.finish)(msg.rid)
+                inbox.commit(frame)
+            else:
+                raise TypeError(f"scheduler: unexpected {type(msg).__name__} on {name}")
+            self.wakeup.set()
+
+    async def _loop(self, ctx: ActorContext) -> None:
+        while True:
+            await ctx.tick()
+            self._admit(ctx)
+            if not self.engine.has_work and not self.refused:
+                await self.wakeup.wait()
+                self.wakeup = trio.Event()
+                continue
+            await ctx.faults.point("step")
+            out = await trio.to_thread.run_sync(self._step, ctx)
+            await ctx.outbox[OUT].send_obj(self._frame(out))
+
+    def _step(self, ctx: ActorContext) -> StepOutput:
+        ctx.faults.check("forward")
+        return self.engine.step() if self.engine.has_work else StepOutput()
+
+    def _admit(self, ctx: ActorContext) -> None:
+        batch, self.incoming = self.incoming, []
+        last: dict[str, Frame] = {}
+        for msg, inbox, frame in batch:
+            last[inbox] = frame
+            if msg.rid in self.seen:
+                continue
+            self._remember(msg.rid)
+            prior = msg.output_ids[0] if len(msg.output_ids) == 1 else np.zeros(0, np.int64)
+            try:
+                self.engine.add_request(
+                    msg.rid,
+                    msg.input_ids.tolist(),
+                    msg.sampling,
+                    output_ids=prior.tolist(),
+                    priority=msg.priority,
+                )
+            except RequestError as err:
+                self.refused.append(refuse(msg.rid, err))
+                continue
+            for index in range(msg.sampling.n):
+                self.offsets[(msg.rid, index)] = len(prior)
+        for inbox, frame in last.items():
+            ctx.inbox[inbox].commit(frame)
+
+    def _remember(self, rid: str) -> None:
+        self.seen[rid] = None
+        if len(self.seen) > REMEMBERED_RIDS:
+            self.seen.popitem(last=False)
+
+    def _frame(self, out: StepOutput) -> StepTokens:
+        seqs = []
+        for o in out.outputs:
+            key = (o.rid, o.index)
+            offset = self.offsets.get(key, 0)
+            self.offsets[key] = offset + len(o.token_ids)
+            if o.finish_reason is not None:
+                self.offsets.pop(key, None)
+            seqs.append(
+                SeqTokens(
+                    rid=o.rid,
+                    index=o.index,
+                    token_offset=offset,
+                    ids=np.asarray(o.token_ids, dtype=np.int64),
+                    finish_reason=o.finish_reason,
+                    matched_stop=o.matched_stop,
+                    logprobs=np.asarray(o.logprobs) if o.logprobs is not None else None,
+                    top_logprobs=o.top_logprobs,
+                    prompt_tokens=o.prompt_tokens,
+                    cached_tokens=o.cached_tokens,
+                    seed=o.seed,
+                )
+            )
+        self.steps += 1
+        refused, self.refused = tuple(self.refused), []
+        return StepTokens(self.steps, tuple(seqs), refused)

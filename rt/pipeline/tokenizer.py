@@ -1,0 +1,103 @@
+"""The tokenizer worker actor: prompts from the frontend → ids for the scheduler.
+
+Dynamic batching: after the first request arrives, every request already
+queued joins its batch at once; only when a queue has formed (the batch holds
+more than one) does the worker wait up to ``batch_wait_s`` for more, up to
+``max_batch``. An idle worker adds no wait.
+
+Each request's frame is marked before it is handled; a frame that
+``max_crashes`` workers in a row died handling is a poison message: it is
+refused alone (RequestFailedError) and the rest go on. A batch's frames are
+committed once its results are in the scheduler's and the frontend's rings;
+the scheduler and the frontend recognise a result sent twice by its rid.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from rt.actors import Actor, ActorContext
+from rt.errors import RequestFailedError, WouldBlock
+from rt.messages import GenerateRequest, Refused
+from rt.shm import Frame, codec
+from rt.tok.core import TokenizerCore, refuse
+
+
+class TokenizerActor(Actor):
+    fault_points = frozenset({"tokenize"})
+
+    def __init__(
+        self,
+        index: int,
+        tokenizer_path: str,
+        context_length: int,
+        vocab_size: int,
+        max_batch: int = 64,
+        batch_wait_s: float = 0.002,
+        max_crashes: int = 3,
+    ) -> None:
+        self.inbox = f"front-tok{index}"
+        self.to_scheduler = f"tok{index}-sched"
+        self.to_frontend = f"tok{index}-front"
+        self.tokenizer_path = tokenizer_path
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
+        self.max_crashes = max_crashes
+
+    async def startup(self, ctx: ActorContext) -> None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.core = TokenizerCore(tokenizer, self.context_length, self.vocab_size)
+
+    async def run(self, ctx: ActorContext) -> None:
+        inbox = ctx.inbox[self.inbox]
+        while True:
+            frames = await self._batch(ctx)
+            reqs: list[GenerateRequest] = []
+            refused: list[Refused] = []
+            for frame in frames:
+                req = codec.loads(frame.data)
+                if inbox.mark(frame) > self.max_crashes:
+                    refused.append(refuse(req.rid, poisoned(req.rid, self.max_crashes)))
+                    continue
+                await ctx.faults.point("tokenize", key=req.text or "")
+                reqs.append(req)
+            results = self.core.process(reqs) if reqs else []
+            for result in results:
+                if isinstance(result, Refused):
+                    refused.append(result)
+                    continue
+                scheduled, tokenized = result
+                await ctx.outbox[self.to_scheduler].send_obj(scheduled)
+                await ctx.outbox[self.to_frontend].send_obj(tokenized)
+            for msg in refused:
+                await ctx.outbox[self.to_frontend].send_obj(msg)
+            inbox.commit(frames[-1])
+
+    async def _batch(self, ctx: ActorContext) -> list[Frame]:
+        inbox = ctx.inbox[self.inbox]
+        frames = [await inbox.receive()]
+        self._drain(inbox, frames)
+        if len(frames) > 1:  # a queue formed: worth waiting a little for more
+            with trio.move_on_after(self.batch_wait_s):
+                while len(frames) < self.max_batch:
+                    frames.append(await inbox.receive())
+                    self._drain(inbox, frames)
+        return frames
+
+    def _drain(self, inbox: object, frames: list[Frame]) -> None:
+        while len(frames) < self.max_batch:
+            try:
+                frames.append(inbox.receive_nowait())  # type: ignore[attr-defined]
+            except WouldBlock:
+                return
+
+
+def poisoned(rid: str, crashes: int) -> RequestFailedError:
+    return RequestFailedError(
+        f"request {rid} was in flight in the tokenizer for {crashes} crashes in a row; "
+        "it fails alone so that the others can go on"
+    )
