@@ -149,8 +149,12 @@ class RequestTable:
 
     def resubmissions(self) -> list[Scheduled]:
         """After a scheduler crash: every live request whose prompt ids are known, as
-        prompt + tokens so far, with the same seed. Requests still being tokenized
-        reach the new scheduler from the tokenizer's ring."""
+        prompt + tokens so far with the remaining budget and the same seed. (Requests
+        still being tokenized reach the new scheduler from the tokenizer's ring.)
+
+        A request with ``n > 1`` starts again from its prompt: its sequences hold
+        different outputs, and with its seed it regenerates the same tokens, which
+        the merge recognises by offset."""
         out = []
         for record in self.live():
             if record.input_ids is None:
@@ -158,14 +162,19 @@ class RequestTable:
             sampling = record.req.sampling
             if sampling.seed is None and record.seqs[0].seed is not None:
                 sampling = replace(sampling, seed=record.seqs[0].seed)
-            out.append(
-                Scheduled(
-                    record.rid,
-                    record.input_ids,
+            prior: tuple[np.ndarray, ...] = ()
+            if sampling.n == 1:
+                done = len(record.seqs[0].output_ids)
+                if done >= sampling.max_new_tokens:
+                    continue  # its last token is on its way
+                sampling = replace(
                     sampling,
-                    record.req.priority,
-                    tuple(np.asarray(s.output_ids, dtype=np.int64) for s in record.seqs),
+                    max_new_tokens=sampling.max_new_tokens - done,
+                    min_new_tokens=max(0, sampling.min_new_tokens - done),
                 )
+                prior = (np.asarray(record.seqs[0].output_ids, dtype=np.int64),)
+            out.append(
+                Scheduled(record.rid, record.input_ids, sampling, record.req.priority, prior)
             )
         return out
 

@@ -26,6 +26,7 @@ from rt.messages import (
     StreamDeltas,
     stream_key,
 )
+from rt.tok.load import load_tokenizer
 
 STEPS, CONTROL, OUT = "sched-detok", "front-detok", "detok-front"
 
@@ -35,9 +36,7 @@ class DetokenizerActor(Actor):
         self.tokenizer_path = tokenizer_path
 
     async def startup(self, ctx: ActorContext) -> None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        tokenizer = load_tokenizer(self.tokenizer_path)
         self.detok = IncrementalDetokenizer(tokenizer)
         self.waiting: dict[str, list[SeqTokens]] = defaultdict(list)  # tokens before their open
         self.keys: dict[str, tuple[str, int]] = {}  # stream key -> (rid, index)

@@ -21,6 +21,7 @@ from rt.errors import RequestFailedError, WouldBlock
 from rt.messages import GenerateRequest, Refused
 from rt.shm import Frame, codec
 from rt.tok.core import TokenizerCore, refuse
+from rt.tok.load import load_tokenizer
 
 
 class TokenizerActor(Actor):
@@ -47,9 +48,7 @@ class TokenizerActor(Actor):
         self.max_crashes = max_crashes
 
     async def startup(self, ctx: ActorContext) -> None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        tokenizer = load_tokenizer(self.tokenizer_path)
         self.core = TokenizerCore(tokenizer, self.context_length, self.vocab_size)
 
     async def run(self, ctx: ActorContext) -> None:

@@ -55,7 +55,8 @@ def test_a_resubmission_carries_the_output_and_the_drawn_seed(table) -> None:
     (sub,) = table.resubmissions()
     assert sub.rid == "a" and sub.input_ids.tolist() == list(range(10, 20))
     assert [o.tolist() for o in sub.output_ids] == [[1, 2, 3]]
-    assert sub.sampling.seed == 1234 and sub.sampling.max_new_tokens == 8
+    assert sub.sampling.seed == 1234
+    assert sub.sampling.max_new_tokens == 5, "the budget left, not the original one"
 
 
 def test_reopened_streams_hold_the_prompt_tail_and_prior_output(table) -> None:

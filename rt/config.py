@@ -1,0 +1,107 @@
+"""Every option of an engine, in one validated object.
+
+Names follow SGLang's server arguments where one exists, so that ``rt-serve``
+flags map onto these one for one. An unknown or out-of-range option is a
+:class:`~rt.errors.ConfigError` that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rt.errors import ConfigError
+
+
+class EngineOptions(BaseModel):
+    """How to build and run an engine (``rt.open_engine(**options)``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: str | None = Field(
+        None, description="a Hugging Face model directory; None: the shipped default model"
+    )
+    tokenizer_path: str | None = Field(None, description="defaults to model_path")
+    load_format: Literal["auto", "dummy", "null"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    context_length: int | None = Field(None, ge=1)
+    # the scheduler
+    max_total_tokens: int | None = Field(None, ge=1)
+    mem_fraction: float = Field(0.5, gt=0, le=1)
+    page_size: int = Field(1, ge=1)
+    chunked_prefill_size: int | None = Field(8192, ge=1)
+    max_running_requests: int = Field(256, ge=1)
+    max_prefill_tokens: int = Field(16384, ge=1)
+    schedule_policy: Literal["fcfs", "lpm", "priority"] = "fcfs"
+    enable_prefix_cache: bool = True
+    attention_backend: str = "torch"
+    seed: int = 0
+    # the tokenizer workers
+    tokenizer_workers: int = Field(1, ge=1, le=64)
+    tokenizer_batch_size: int = Field(64, ge=1)
+    tokenizer_batch_wait_ms: float = Field(2.0, ge=0)
+    # supervision and recovery
+    watchdog_timeout: float = Field(30.0, gt=0)
+    shutdown_grace: float = Field(5.0, gt=0)
+    max_restarts: int = Field(5, ge=0)
+    restart_window: float = Field(60.0, gt=0)
+    max_crashes_per_request: int = Field(3, ge=1)
+    fault_plan: Any = Field(None, description="a FaultPlan, or a path to one (JSON or TOML)")
+    ring_capacity: int = Field(1 << 22, ge=1 << 12)
+
+    @classmethod
+    def build(cls, **options: Any) -> EngineOptions:
+        try:
+            return cls(**options)
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+                for e in err.errors()
+            )
+            raise ConfigError(f"invalid engine options: {problems}") from err
+
+    def resolved_model_path(self) -> str:
+        if self.model_path is not None:
+            return self.model_path
+        from rt.assets import default_model_path
+
+        return str(default_model_path())
+
+    def resolved_tokenizer_path(self) -> str:
+        return self.tokenizer_path or self.resolved_model_path()
+
+    def model_limits(self) -> tuple[int, int]:
+        """(context length, vocabulary size) from the model's config.json."""
+        path = Path(self.resolved_model_path()) / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except FileNotFoundError as err:
+            raise ConfigError(f"model_path: no config.json in {path.parent}") from err
+        context = self.context_length or int(config.get("max_position_embeddings", 2048))
+        return context, int(config["vocab_size"])
+
+    def engine_config(self) -> Any:
+        """The engine core's configuration (imported lazily: it pulls in torch)."""
+        from rt.gpu.engine_config import EngineConfig
+
+        return EngineConfig(
+            model_path=self.resolved_model_path(),
+            load_format=self.load_format,
+            dtype=self.dtype,
+            device=self.device,
+            attention_backend=self.attention_backend,
+            page_size=self.page_size,
+            max_total_tokens=self.max_total_tokens,
+            mem_fraction=self.mem_fraction,
+            max_running_requests=self.max_running_requests,
+            max_prefill_tokens=self.max_prefill_tokens,
+            chunked_prefill_size=self.chunked_prefill_size,
+            schedule_policy=self.schedule_policy,
+            enable_prefix_cache=self.enable_prefix_cache,
+            context_length=self.context_length,
+            seed=self.seed,
+        )

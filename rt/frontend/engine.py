@@ -1,0 +1,323 @@
+"""The engine: the supervised pipeline behind ``rt.open_engine``.
+
+The frontend lives in the caller's trio loop. It owns the request table (the
+source of truth), sends each request to a tokenizer worker, routes what comes
+back to the waiting caller, and recovers what a restarted actor lost:
+
+* scheduler restarted: requests stuck across ``max_crashes_per_request``
+  crashes fail alone; every other live request is resubmitted as prompt +
+  tokens so far;
+* detokenizer restarted: whatever its predecessor sent is taken first, then
+  every live stream is reopened with the output the table holds;
+* tokenizer restarted: nothing to do, its ring redelivers what it had not
+  committed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from rt import errors
+from rt.actors import ActorState, ActorStatus, Supervisor, open_supervisor
+from rt.actors.faultplan import FaultPlan
+from rt.config import EngineOptions
+from rt.frontend.requests import build_request, finished_output
+from rt.frontend.table import Record, RequestTable, Update
+from rt.frontend.wiring import DETOKENIZER, SCHEDULER, supervisor_spec
+from rt.messages import (
+    Abort,
+    CloseStream,
+    FinishNow,
+    GenerateRequest,
+    Refused,
+    StreamDeltas,
+    Tokenized,
+    stream_key,
+)
+from rt.outputs import Chunk, GenerateOutput
+from rt.shm import RingReceiver, RingSender, codec
+
+log = logging.getLogger(__name__)
+RETRY_S = 0.02  # how often a frontend end retries a ring whose peer is restarting
+
+
+class Engine:
+    """Use through :func:`open_engine`."""
+
+    def __init__(self, options: EngineOptions, supervisor: Supervisor, vocab_size: int) -> None:
+        self.options = options
+        self.vocab_size = vocab_size
+        self.table = RequestTable(options.max_crashes_per_request)
+        self._sup = supervisor
+        workers = options.tokenizer_workers
+        self._to_tok = [
+            RingSender.attach(supervisor.ring(f"front-tok{i}").spec) for i in range(workers)
+        ]
+        self._from_tok = [
+            RingReceiver.attach(supervisor.ring(f"tok{i}-front").spec) for i in range(workers)
+        ]
+        self._to_sched = RingSender.attach(supervisor.ring("front-sched").spec)
+        self._to_detok = RingSender.attach(supervisor.ring("front-detok").spec)
+        self._from_detok = RingReceiver.attach(supervisor.ring("detok-front").spec)
+        self._control_send, self._control_recv = trio.open_memory_channel[tuple[RingSender, Any]](
+            math.inf
+        )
+        self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
+        self._round_robin = itertools.count()
+        self._closing = False
+
+    # ---- the public API -------------------------------------------------------
+
+    async def generate(self, prompt: Any = None, **options: Any) -> GenerateOutput:
+        """Generate to the end. ``prompt`` is text, token ids or chat messages;
+        ``options`` are sampling parameters, ``stop``, ``n``, ``logprobs``, ….
+        Cancelling the awaiting task aborts the request."""
+        req = build_request(prompt, options, self.vocab_size)
+        updates = await self._submit(req)
+        async with self._request_scope(req.rid):
+            async for item in updates:
+                if isinstance(item, Refused):
+                    raise refusal_error(item)
+            return finished_output(self.table.records[req.rid])
+
+    async def stream(self, prompt: Any = None, **options: Any) -> AsyncIterator[Chunk]:
+        """Yield the text and ids of each sequence as they come (deltas)."""
+        req = build_request(prompt, options, self.vocab_size)
+        updates = await self._submit(req)
+        async with self._request_scope(req.rid):
+            async for item in updates:
+                if isinstance(item, Refused):
+                    raise refusal_error(item)
+                seq = self.table.records[req.rid].seqs[item.index]
+                yield Chunk(
+                    req.rid,
+                    item.index,
+                    item.text,
+                    tuple(item.ids),
+                    seq.finish_reason if item.finished else None,
+                    seq.matched_stop if item.finished else None,
+                )
+
+    def actors(self) -> tuple[ActorStatus, ...]:
+        """Every child: name, pid, state, restart count, last exit reason, heartbeat age."""
+        return self._sup.status().actors
+
+    @property
+    def supervisor(self) -> Supervisor:
+        return self._sup
+
+    # ---- requests in and out ----------------------------------------------------
+
+    async def _submit(self, req: GenerateRequest) -> trio.MemoryReceiveChannel[Update | Refused]:
+        if self._closing:
+            raise errors.EngineShutdownError("the engine is shutting down; no new requests")
+        self.table.add(req)
+        send, receive = trio.open_memory_channel[Update | Refused](math.inf)
+        self._waiters[req.rid] = send
+        worker = next(self._round_robin) % len(self._to_tok)
+        await self._send(self._to_tok[worker], req)
+        return receive
+
+    @asynccontextmanager
+    async def _request_scope(self, rid: str) -> AsyncIterator[None]:
+        """On any early exit (cancellation, an error, an abandoned stream) the
+        request is aborted; either way it leaves the table."""
+        try:
+            yield
+        finally:
+            record = self.table.remove(rid)
+            self._waiters.pop(rid, None)
+            if record is not None and not record.finished:
+                self._queue(self._to_sched, Abort(rid))
+                self._close_streams(record)
+
+    def _deliver(self, record: Record, item: Update | Refused) -> None:
+        waiter = self._waiters.get(record.rid)
+        if waiter is not None:
+            waiter.send_nowait(item)
+            if record.finished:
+                waiter.close()
+
+    def _finish(self, record: Record) -> None:
+        self._close_streams(record)
+        if any(isinstance(s.matched_stop, str) for s in record.seqs):
+            self._queue(self._to_sched, FinishNow(record.rid))  # a stop string: free its KV now
+
+    def _close_streams(self, record: Record) -> None:
+        for i in range(len(record.seqs)):
+            self._queue(self._to_detok, CloseStream(stream_key(record.rid, i)))
+
+    def _fail(self, refused: Refused) -> None:
+        record = self.table.on_refused(refused)
+        if record is not None and record.error is refused:
+            self._close_streams(record)
+            self._deliver(record, refused)
+
+    # ---- routing (tasks in the engine's nursery) --------------------------------
+
+    async def route_tokenized(self, rx: RingReceiver) -> None:
+        async for msg in self._frames(rx):
+            if isinstance(msg, Tokenized):
+                record = self.table.records.get(msg.rid)
+                if record is not None and record.input_ids is None:
+                    self.table.on_tokenized(msg)
+                    for op in self.table.open_streams(record):
+                        self._queue(self._to_detok, op)
+            elif isinstance(msg, Refused):
+                self._fail(msg)
+
+    async def route_deltas(self) -> None:
+        async for msg in self._frames(self._from_detok):
+            self._on_deltas(msg)
+
+    def _on_deltas(self, msg: StreamDeltas) -> None:
+        for delta in msg.deltas:
+            update = self.table.on_delta(delta)
+            if update is None:
+                continue
+            record = self.table.records[delta.rid]
+            self._deliver(record, update)
+            if record.finished:
+                self._finish(record)
+        for refused in msg.refused:
+            self._fail(refused)
+
+    async def _frames(self, rx: RingReceiver) -> AsyncIterator[Any]:
+        """Each message of ``rx``, committed once handled; waits out a restarting peer."""
+        while True:
+            try:
+                frame = await rx.receive()
+            except errors.Broken:
+                await trio.sleep(RETRY_S)
+                continue
+            yield codec.loads(frame.data)
+            rx.commit(frame)
+
+    def _queue(self, tx: RingSender, msg: Any) -> None:
+        self._control_send.send_nowait((tx, msg))
+
+    async def send_control(self) -> None:
+        async for tx, msg in self._control_recv:
+            await self._send(tx, msg)
+
+    async def _send(self, tx: RingSender, msg: Any) -> None:
+        data = codec.dumps(msg)
+        while True:
+            try:
+                await tx.send(data)
+                return
+            except errors.Broken:  # the reader died with the ring full: wait for its successor
+                await trio.sleep(RETRY_S)
+
+    # ---- recovery ------------------------------------------------------------------
+
+    async def watch_restarts(self) -> None:
+        seen = {a.name: a.incarnation for a in self._sup.status().actors}
+
+        def restarted(status: Any) -> bool:
+            return any(
+                a.state is ActorState.RUNNING and a.incarnation > seen[a.name]
+                for a in status.actors
+            )
+
+        while True:
+            status = await self._sup.wait_for(restarted)
+            for actor in status.actors:
+                if actor.state is ActorState.RUNNING and actor.incarnation > seen[actor.name]:
+                    seen[actor.name] = actor.incarnation
+                    log.warning("%s restarted (incarnation %d)", actor.name, actor.incarnation)
+                    self._recover(actor.name)
+
+    def _recover(self, name: str) -> None:
+        if name == SCHEDULER:
+            for record in self.table.note_scheduler_crash():
+                self._fail(
+                    Refused(
+                        record.rid,
+                        "RequestFailedError",
+                        f"request {record.rid} was in flight for {self.table.max_crashes} "
+                        "scheduler crashes in a row; it fails alone so that the others go on",
+                    )
+                )
+            for sub in self.table.resubmissions():
+                self._queue(self._to_sched, sub)
+        elif name == DETOKENIZER:
+            self._drain(self._from_detok, self._on_deltas)
+            for record in self.table.live():
+                if record.input_ids is not None:
+                    for op in self.table.open_streams(record):
+                        self._queue(self._to_detok, op)
+
+    @staticmethod
+    def _drain(rx: RingReceiver, handle: Callable[[Any], None]) -> None:
+        """Handle every frame already in ``rx``: a dead sender's last words."""
+        while True:
+            try:
+                frame = rx.receive_nowait()
+            except (errors.WouldBlock, errors.EndOfChannel):
+                return
+            handle(codec.loads(frame.data))
+            rx.commit(frame)
+
+    # ---- shutdown -------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._closing = True
+        for rid, waiter in list(self._waiters.items()):
+            record = self.table.records.get(rid)
+            if record is not None and not record.finished:
+                waiter.send_nowait(
+                    Refused(
+                        rid,
+                        "EngineShutdownError",
+                        "the engine shut down before the request finished",
+                    )
+                )
+            waiter.close()
+        for end in (
+            *self._to_tok,
+            *self._from_tok,
+            self._to_sched,
+            self._to_detok,
+            self._from_detok,
+        ):
+            end.close()
+
+
+def refusal_error(refused: Refused) -> errors.RtError:
+    cls = getattr(errors, refused.error, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.RtError)):
+        cls = errors.RequestError
+    return cls(refused.message)
+
+
+@asynccontextmanager
+async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIterator[Engine]:
+    """Start the engine (tokenizer, scheduler and detokenizer processes, supervised)
+    for the body of the ``async with``. ``model_path=None`` serves the shipped default
+    model; ``options`` are those of :class:`rt.config.EngineOptions`."""
+    opts = EngineOptions.build(model_path=model_path, **options)
+    spec = supervisor_spec(opts)
+    plan = opts.fault_plan
+    if isinstance(plan, str):
+        plan = FaultPlan.load(plan)
+    _, vocab_size = opts.model_limits()
+    async with open_supervisor(spec, fault_plan=plan) as supervisor, trio.open_nursery() as nursery:
+        engine = Engine(opts, supervisor, vocab_size)
+        for rx in engine._from_tok:
+            nursery.start_soon(engine.route_tokenized, rx)
+        nursery.start_soon(engine.route_deltas)
+        nursery.start_soon(engine.send_control)
+        nursery.start_soon(engine.watch_restarts)
+        try:
+            yield engine
+        finally:
+            nursery.cancel_scope.cancel()
+            engine.close()

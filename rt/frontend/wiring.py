@@ -1,0 +1,83 @@
+"""The actors and rings of an engine, as a supervisor spec.
+
+    front-tok{i} ──▶ tokenizer{i} ──tok{i}-sched──▶ scheduler ──sched-detok──▶ detokenizer
+                        └──tok{i}-front──▶ frontend ◀──detok-front──┘
+    frontend ──front-sched──▶ scheduler    frontend ──front-detok──▶ detokenizer
+
+Children start detokenizer, scheduler, tokenizers (and stop in reverse), one
+for one: a child's death restarts it alone.
+"""
+
+from __future__ import annotations
+
+from rt.actors import ActorSpec, RingDecl, Strategy, SupervisorSpec
+from rt.config import EngineOptions
+from rt.pipeline.detokenizer import DetokenizerActor
+from rt.pipeline.scheduler import SchedulerActor
+from rt.pipeline.tokenizer import TokenizerActor
+
+SCHEDULER, DETOKENIZER = "scheduler", "detokenizer"
+
+
+def tokenizer_name(i: int) -> str:
+    return f"tokenizer{i}"
+
+
+def supervisor_spec(options: EngineOptions) -> SupervisorSpec:
+    workers = options.tokenizer_workers
+    context_length, vocab_size = options.model_limits()
+    tokenizer_path = options.resolved_tokenizer_path()
+    cap = options.ring_capacity
+    rings = [
+        RingDecl(name, cap) for name in ("front-sched", "sched-detok", "front-detok", "detok-front")
+    ]
+    tokenizers = []
+    for i in range(workers):
+        rings += [
+            RingDecl(f"front-tok{i}", cap),
+            RingDecl(f"tok{i}-sched", cap),
+            RingDecl(f"tok{i}-front", cap),
+        ]
+        tokenizers.append(
+            ActorSpec(
+                name=tokenizer_name(i),
+                factory=TokenizerActor,
+                args=(
+                    i,
+                    tokenizer_path,
+                    context_length,
+                    vocab_size,
+                    options.tokenizer_batch_size,
+                    options.tokenizer_batch_wait_ms / 1000,
+                    options.max_crashes_per_request,
+                ),
+                inboxes=(f"front-tok{i}",),
+                outboxes=(f"tok{i}-sched", f"tok{i}-front"),
+            )
+        )
+    sched_inboxes = (*(f"tok{i}-sched" for i in range(workers)), "front-sched")
+    scheduler = ActorSpec(
+        name=SCHEDULER,
+        factory=SchedulerActor,
+        args=(options.engine_config(), sched_inboxes),
+        inboxes=sched_inboxes,
+        outboxes=("sched-detok",),
+        startup_timeout=600.0,
+    )
+    detokenizer = ActorSpec(
+        name=DETOKENIZER,
+        factory=DetokenizerActor,
+        args=(tokenizer_path,),
+        inboxes=("sched-detok", "front-detok"),
+        outboxes=("detok-front",),
+    )
+    return SupervisorSpec(
+        children=(detokenizer, scheduler, *tokenizers),
+        strategy=Strategy.ONE_FOR_ONE,
+        rings=tuple(rings),
+        max_restarts=options.max_restarts,
+        max_seconds=options.restart_window,
+        watchdog_timeout=options.watchdog_timeout,
+        shutdown_grace=options.shutdown_grace,
+        name="engine",
+    )

@@ -1,0 +1,60 @@
+"""What the Python API returns: a finished generation, or a streamed chunk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Meta:
+    """Token counts and timings (seconds) of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    seed: int | None
+    truncated_tokens: int
+    time_to_first_token: float | None
+    latency: float | None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One output sequence (a request with ``n > 1`` has several)."""
+
+    index: int
+    text: str
+    output_ids: tuple[int, ...]
+    finish_reason: str | None
+    matched_stop: int | str | None
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """A finished request. ``text``, ``output_ids`` and the rest are those of the
+    first sequence; ``choices`` holds every sequence when ``n > 1``."""
+
+    rid: str
+    text: str
+    output_ids: tuple[int, ...]
+    finish_reason: str | None
+    matched_stop: int | str | None
+    meta: Meta
+    choices: tuple[Completion, ...]
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A streamed delta of one sequence: the text and ids new since the last chunk.
+    ``finish_reason`` is set on the sequence's last chunk."""
+
+    rid: str
+    index: int
+    text: str
+    output_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
