@@ -131,12 +131,27 @@ class SeqTokens:
 
 
 @dataclass(frozen=True)
+class SchedulerStats:
+    """The scheduler's state when it last went idle (and its KV check)."""
+
+    steps: int
+    running: int
+    waiting: int
+    request_tokens: int  # KV slots owned by requests
+    cached_tokens: int  # KV slots held by the radix cache
+    free_tokens: int
+    integrity_ok: bool
+    retractions: int
+
+
+@dataclass(frozen=True)
 class StepTokens:
     """Everything one scheduler step produced, in one frame."""
 
     step: int
     seqs: tuple[SeqTokens, ...]
     refused: tuple[Refused, ...] = ()
+    stats: SchedulerStats | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +177,7 @@ class SeqDelta:
 class StreamDeltas:
     deltas: tuple[SeqDelta, ...]
     refused: tuple[Refused, ...] = ()
+    stats: SchedulerStats | None = None
 
 
 def stream_key(rid: str, index: int) -> str:

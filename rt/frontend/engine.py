@@ -37,6 +37,7 @@ from rt.messages import (
     FinishNow,
     GenerateRequest,
     Refused,
+    SchedulerStats,
     StreamDeltas,
     Tokenized,
     stream_key,
@@ -72,6 +73,8 @@ class Engine:
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
         self._round_robin = itertools.count()
         self._closing = False
+        self._stats: SchedulerStats | None = None
+        self._stats_changed = trio.Event()
 
     # ---- the public API -------------------------------------------------------
 
@@ -112,6 +115,14 @@ class Engine:
     @property
     def supervisor(self) -> Supervisor:
         return self._sup
+
+    async def scheduler_stats(
+        self, until: Callable[[SchedulerStats], bool] = lambda s: True
+    ) -> SchedulerStats:
+        """The scheduler's state when it last went idle; waits for one that ``until`` accepts."""
+        while self._stats is None or not until(self._stats):
+            await self._stats_changed.wait()
+        return self._stats
 
     # ---- requests in and out ----------------------------------------------------
 
@@ -188,6 +199,10 @@ class Engine:
                 self._finish(record)
         for refused in msg.refused:
             self._fail(refused)
+        if msg.stats is not None:
+            self._stats = msg.stats
+            self._stats_changed.set()
+            self._stats_changed = trio.Event()
 
     async def _frames(self, rx: RingReceiver) -> AsyncIterator[Any]:
         """Each message of ``rx``, committed once handled; waits out a restarting peer."""

@@ -85,8 +85,8 @@ class DetokenizerActor(Actor):
                 else:
                     self.waiting[stream_key(seq.rid, seq.index)].append(seq)
             deltas = self._apply(ready)
-            if deltas or msg.refused:
-                await ctx.outbox[OUT].send_obj(StreamDeltas(tuple(deltas), msg.refused))
+            if deltas or msg.refused or msg.stats:
+                await ctx.outbox[OUT].send_obj(StreamDeltas(tuple(deltas), msg.refused, msg.stats))
             inbox.commit(frame)
 
     def _opened(self, key: str, delta: TextDelta) -> SeqDelta:

@@ -16,6 +16,7 @@ request's output.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 
 import numpy as np
@@ -26,10 +27,19 @@ from rt.errors import RequestError
 from rt.gpu.engine import EngineCore
 from rt.gpu.engine_config import EngineConfig
 from rt.gpu.request import StepOutput
-from rt.messages import Abort, FinishNow, Refused, Scheduled, SeqTokens, StepTokens
+from rt.messages import (
+    Abort,
+    FinishNow,
+    Refused,
+    Scheduled,
+    SchedulerStats,
+    SeqTokens,
+    StepTokens,
+)
 from rt.shm import Frame
 from rt.tok.core import refuse
 
+log = logging.getLogger(__name__)
 OUT = "sched-detok"
 REMEMBERED_RIDS = 100_000  # rids admitted or ended, kept to recognise late duplicates
 
@@ -82,7 +92,8 @@ class SchedulerActor(Actor):
                 continue
             await ctx.faults.point("step")
             out = await trio.to_thread.run_sync(self._step, ctx)
-            await ctx.outbox[OUT].send_obj(self._frame(out))
+            idle = not self.engine.has_work
+            await ctx.outbox[OUT].send_obj(self._frame(out, self._stats() if idle else None))
 
     def _step(self, ctx: ActorContext) -> StepOutput:
         ctx.faults.check("forward")
@@ -118,7 +129,29 @@ class SchedulerActor(Actor):
         if len(self.seen) > REMEMBERED_RIDS:
             self.seen.popitem(last=False)
 
-    def _frame(self, out: StepOutput) -> StepTokens:
+    def _stats(self) -> SchedulerStats:
+        """Reported each time the core goes idle, with its KV invariants checked."""
+        engine, page = self.engine, self.config.page_size
+        try:
+            engine.check_integrity()
+            ok = True
+        except AssertionError:
+            log.exception("KV integrity check failed")
+            ok = False
+        free = engine.cache.allocator.num_free * page
+        cached = engine.cache.tree.total_size
+        return SchedulerStats(
+            steps=self.steps,
+            running=engine.num_running,
+            waiting=engine.num_waiting,
+            request_tokens=engine.max_total_tokens - free - cached,
+            cached_tokens=cached,
+            free_tokens=free,
+            integrity_ok=ok,
+            retractions=engine.num_retractions,
+        )
+
+    def _frame(self, out: StepOutput, stats: SchedulerStats | None = None) -> StepTokens:
         seqs = []
         for o in out.outputs:
             key = (o.rid, o.index)
@@ -143,4 +176,4 @@ class SchedulerActor(Actor):
             )
         self.steps += 1
         refused, self.refused = tuple(self.refused), []
-        return StepTokens(self.steps, tuple(seqs), refused)
+        return StepTokens(self.steps, tuple(seqs), refused, stats)

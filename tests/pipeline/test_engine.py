@@ -1,0 +1,289 @@
+"""The whole pipeline: real processes, real rings, a real (tiny) model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import rt
+from rt.errors import InvalidRequestError, RequestFailedError
+from rt.gpu import EngineConfig, EngineCore, SamplingParams
+from rt.tok.load import load_tokenizer
+
+OPTIONS: dict[str, Any] = dict(max_total_tokens=8192, ring_capacity=1 << 20)
+PROMPTS = [
+    "The quick brown fox",
+    "Once upon a time",
+    "日本語の文章",
+    "Emoji: 😀🎉",
+    "Combining: e\u0301 café",
+    "lazy dog. The",
+    "tiny model that",
+    "served requests.",
+]
+
+
+def core_outputs(model: Path, reqs: list[tuple[str, dict[str, Any]]]) -> list[list[int]]:
+    """The engine core alone, in this process, on the same requests."""
+    tokenizer = load_tokenizer(str(model))
+    core = EngineCore(EngineConfig(model_path=model, max_total_tokens=8192))
+    for i, (text, params) in enumerate(reqs):
+        core.add_request(str(i), tokenizer(text)["input_ids"], SamplingParams(**params))
+    out: dict[str, list[int]] = {str(i): [] for i in range(len(reqs))}
+    while core.has_work:
+        for o in core.step().outputs:
+            out[o.rid] += o.token_ids
+    return [out[str(i)] for i in range(len(reqs))]
+
+
+def requests(n: int, seeded: bool) -> list[tuple[str, dict[str, Any]]]:
+    params: dict[str, Any] = dict(max_new_tokens=24, ignore_eos=True)
+    return [
+        (
+            PROMPTS[i % len(PROMPTS)],
+            {**params, "temperature": 0.9, "top_p": 0.95, "seed": 100 + i}
+            if seeded
+            else {**params, "temperature": 0.0},
+        )
+        for i in range(n)
+    ]
+
+
+async def generate_all(engine: rt.Engine, reqs: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    results: list[Any] = [None] * len(reqs)
+
+    async def one(i: int) -> None:
+        results[i] = await engine.generate(reqs[i][0], **reqs[i][1])
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(reqs)):
+            nursery.start_soon(one, i)
+    return results
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+async def test_outputs_equal_the_engine_core_singly_and_64_at_once(tiny_model, seeded) -> None:
+    reqs = requests(64, seeded)
+    want = core_outputs(tiny_model, reqs)
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        single = await engine.generate(reqs[0][0], **reqs[0][1])
+        assert list(single.output_ids) == want[0]
+        assert single.finish_reason == "length" and single.meta.completion_tokens == 24
+        many = await generate_all(engine, reqs)
+    assert [list(o.output_ids) for o in many] == want
+
+
+async def test_streamed_text_equals_decode_of_all_ids(tiny_model) -> None:
+    tokenizer = load_tokenizer(str(tiny_model))
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        for prompt in PROMPTS:
+            text, ids, last = "", [], None
+            async for chunk in engine.stream(prompt, max_new_tokens=20, temperature=0.0):
+                assert "\ufffd" not in chunk.text or chunk.finish_reason, "half a character"
+                text += chunk.text
+                ids += chunk.output_ids
+                last = chunk
+            assert last is not None and last.finish_reason is not None
+            assert text == tokenizer.decode(ids)
+
+
+async def test_stop_strings_cut_the_text_and_free_the_request(tiny_model) -> None:
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        free = await engine.generate(
+            PROMPTS[0], max_new_tokens=30, temperature=0.0, ignore_eos=True
+        )
+        text = free.text
+        assert len(text) > 6
+        stop = text[3:6]  # most likely spans tokens
+        cut = await engine.generate(
+            PROMPTS[0], max_new_tokens=30, temperature=0.0, ignore_eos=True, stop=[stop]
+        )
+        assert cut.text == text[: text.index(stop)]
+        assert (cut.finish_reason, cut.matched_stop) == ("stop", stop)
+        first = await engine.generate(
+            PROMPTS[0], max_new_tokens=30, temperature=0.0, ignore_eos=True, stop=text[:1]
+        )
+        assert (first.text, first.finish_reason) == ("", "stop")
+
+
+async def test_bad_requests_get_clear_errors_and_hurt_nobody(tiny_model) -> None:
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        with pytest.raises(InvalidRequestError, match="temperature"):
+            await engine.generate("x", temperature=-1)
+        with pytest.raises(InvalidRequestError, match="unknown parameter"):
+            await engine.generate("x", max_tokens=3)
+        with pytest.raises(rt.errors.ContextOverflowError, match="context length"):
+            await engine.generate("x" * 10, max_new_tokens=600)
+        out = await engine.generate("fine", max_new_tokens=4, temperature=0.0)
+        assert out.meta.completion_tokens >= 1
+        chat = await engine.generate(
+            messages=[{"role": "user", "content": "hi"}], max_new_tokens=4, temperature=0.0
+        )
+        assert chat.meta.prompt_tokens > 3
+
+
+def pid_of(engine: rt.Engine, name: str) -> int:
+    pid = next(a.pid for a in engine.actors() if a.name == name)
+    assert pid is not None
+    return pid
+
+
+async def streams(
+    engine: rt.Engine, reqs: list[tuple[str, dict[str, Any]]], on_chunk: Any = None
+) -> list[str]:
+    texts = [""] * len(reqs)
+
+    async def one(i: int) -> None:
+        async for chunk in engine.stream(reqs[i][0], **reqs[i][1]):
+            texts[i] += chunk.text
+            if on_chunk is not None:
+                on_chunk()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(reqs)):
+            nursery.start_soon(one, i)
+    return texts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("victim", ["tokenizer0", "scheduler", "detokenizer"])
+async def test_kill_9_mid_stream_every_request_completes_unchanged(
+    tiny_model, victim: str, seeded: bool
+) -> None:
+    reqs = [(p, {**kw, "max_new_tokens": 64}) for p, kw in requests(16, seeded)]
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        want = await streams(engine, reqs)
+        chunks = 0
+        killed = False
+
+        def kill_once() -> None:
+            nonlocal chunks, killed
+            chunks += 1
+            if chunks == 40 and not killed:
+                killed = True
+                os.kill(pid_of(engine, victim), signal.SIGKILL)
+
+        got = await streams(engine, reqs, kill_once)
+        assert killed
+        status = {a.name: a for a in engine.actors()}
+        assert status[victim].restart_count == 1, status[victim]
+    assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("victim", "point", "after"),
+    [("tokenizer0", "tokenize", 5), ("scheduler", "step", 8), ("detokenizer", "receive", 6)],
+)
+async def test_a_fault_plan_kill_mid_stream_loses_nothing(
+    tiny_model, tmp_path: Path, victim: str, point: str, after: int
+) -> None:
+    reqs = [(p, {**kw, "max_new_tokens": 48}) for p, kw in requests(16, seeded=True)]
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        want = await streams(engine, reqs)
+    plan = tmp_path / "plan.json"
+    rule = {"actor": victim, "point": point, "action": "sigkill", "after": after, "incarnation": 1}
+    plan.write_text(json.dumps({"seed": 1, "faults": [rule]}))
+    async with rt.open_engine(str(tiny_model), fault_plan=str(plan), **OPTIONS) as engine:
+        got = await streams(engine, reqs)
+        assert next(a for a in engine.actors() if a.name == victim).restart_count == 1
+    assert got == want
+
+
+@pytest.mark.slow
+async def test_a_poison_request_fails_alone(tiny_model, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        '{"seed": 1, "faults": [{"actor": "tokenizer0", "point": "tokenize", '
+        '"action": "sigkill", "match": "POISON", "times": 0}]}'
+    )
+    async with rt.open_engine(str(tiny_model), fault_plan=str(plan), **OPTIONS) as engine:
+        results: dict[str, Any] = {}
+
+        async def one(name: str, prompt: str) -> None:
+            try:
+                results[name] = await engine.generate(prompt, max_new_tokens=8, temperature=0.0)
+            except RequestFailedError as err:
+                results[name] = err
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "poison", "a POISON prompt")
+            for i in range(6):
+                nursery.start_soon(one, f"ok{i}", PROMPTS[i])
+        assert isinstance(results.pop("poison"), RequestFailedError)
+        assert all(r.meta.completion_tokens == 8 for r in results.values())
+        assert next(a for a in engine.actors() if a.name == "tokenizer0").restart_count == 3
+
+
+async def test_cancelling_a_hundred_requests_frees_every_kv_slot(tiny_model) -> None:
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        started = 0
+        with trio.move_on_after(60) as scope:
+
+            async def one(i: int) -> None:
+                nonlocal started
+                async for _ in engine.stream(
+                    PROMPTS[i % 8] + str(i), max_new_tokens=400, ignore_eos=True, temperature=0.0
+                ):
+                    started += 1
+                    if started >= 100:
+                        scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                for i in range(100):
+                    nursery.start_soon(one, i)
+        assert not scope.cancelled_caught or started >= 100
+        stats = await engine.scheduler_stats(lambda s: s.running == 0 and s.waiting == 0)
+        assert stats.integrity_ok, stats
+        assert stats.request_tokens == 0, f"KV still held by requests: {stats}"
+        out = await engine.generate("after", max_new_tokens=4, temperature=0.0)
+        assert len(out.output_ids) == 4
+
+
+async def test_an_idle_engine_uses_next_to_no_cpu(tiny_model) -> None:
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        await engine.generate("warm up", max_new_tokens=2)
+        pids = [a.pid for a in engine.actors() if a.pid is not None]
+        await trio.sleep(0.5)
+        before = cpu_seconds([os.getpid(), *pids])
+        start = time.monotonic()
+        await trio.sleep(2)
+        used = cpu_seconds([os.getpid(), *pids]) - before
+        elapsed = time.monotonic() - start
+    assert used < 0.1 * elapsed, f"idle engine used {used:.2f} s of CPU in {elapsed:.1f} s"
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def test_shutdown_with_requests_in_flight_is_clean(tiny_model) -> None:
+    got_chunk = trio.Event()
+    with trio.move_on_after(60):
+        async with (
+            rt.open_engine(str(tiny_model), **OPTIONS) as engine,
+            trio.open_nursery() as nursery,
+        ):
+
+            async def one(i: int) -> None:
+                async for _ in engine.stream(PROMPTS[i % 8], max_new_tokens=400, ignore_eos=True):
+                    got_chunk.set()
+
+            for i in range(16):
+                nursery.start_soon(one, i)
+            await got_chunk.wait()
+            nursery.cancel_scope.cancel()
+    # the suite's leak fixture asserts: no child process, segment or fd is left
