@@ -152,6 +152,7 @@ class StepTokens:
     seqs: tuple[SeqTokens, ...]
     refused: tuple[Refused, ...] = ()
     stats: SchedulerStats | None = None
+    stepped_at: float = 0.0  # time.monotonic() when the step ended (system-wide clock)
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ class StreamDeltas:
     deltas: tuple[SeqDelta, ...]
     refused: tuple[Refused, ...] = ()
     stats: SchedulerStats | None = None
+    stepped_at: float = 0.0
 
 
 def stream_key(rid: str, index: int) -> str:

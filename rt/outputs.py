@@ -50,7 +50,9 @@ class GenerateOutput:
 @dataclass(frozen=True)
 class Chunk:
     """A streamed delta of one sequence: the text and ids new since the last chunk.
-    ``finish_reason`` is set on the sequence's last chunk."""
+    ``finish_reason`` is set on the sequence's last chunk. ``stepped_at`` is
+    when the scheduler produced these tokens (``time.monotonic()``, a clock
+    shared by every process of the machine)."""
 
     rid: str
     index: int
@@ -58,3 +60,4 @@ class Chunk:
     output_ids: tuple[int, ...]
     finish_reason: str | None = None
     matched_stop: int | str | None = None
+    stepped_at: float = 0.0

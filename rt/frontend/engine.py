@@ -106,6 +106,7 @@ class Engine:
                     tuple(item.ids),
                     seq.finish_reason if item.finished else None,
                     seq.matched_stop if item.finished else None,
+                    item.stepped_at,
                 )
 
     def actors(self) -> tuple[ActorStatus, ...]:
@@ -190,7 +191,7 @@ class Engine:
 
     def _on_deltas(self, msg: StreamDeltas) -> None:
         for delta in msg.deltas:
-            update = self.table.on_delta(delta)
+            update = self.table.on_delta(delta, msg.stepped_at)
             if update is None:
                 continue
             record = self.table.records[delta.rid]

@@ -48,6 +48,7 @@ class Update:
     ids: list[int]
     text: str
     finished: bool
+    stepped_at: float = 0.0  # when the scheduler produced these tokens (time.monotonic())
 
 
 @dataclass
@@ -107,7 +108,7 @@ class RequestTable:
             record.finished_at = time.monotonic()
         return record
 
-    def on_delta(self, delta: SeqDelta) -> Update | None:
+    def on_delta(self, delta: SeqDelta, stepped_at: float = 0.0) -> Update | None:
         """Merge one delta; return what was new, or None if nothing was."""
         record = self.records.get(delta.rid)
         if record is None or record.finished or delta.index >= len(record.seqs):
@@ -143,7 +144,7 @@ class RequestTable:
                 record.finished_at = time.monotonic()
         if not ids and not text and not finished:
             return None
-        return Update(delta.rid, delta.index, ids, text, finished)
+        return Update(delta.rid, delta.index, ids, text, finished, stepped_at)
 
     # ---- recovery ---------------------------------------------------------------
 

@@ -86,7 +86,9 @@ class DetokenizerActor(Actor):
                     self.waiting[stream_key(seq.rid, seq.index)].append(seq)
             deltas = self._apply(ready)
             if deltas or msg.refused or msg.stats:
-                await ctx.outbox[OUT].send_obj(StreamDeltas(tuple(deltas), msg.refused, msg.stats))
+                await ctx.outbox[OUT].send_obj(
+                    StreamDeltas(tuple(deltas), msg.refused, msg.stats, msg.stepped_at)
+                )
             inbox.commit(frame)
 
     def _opened(self, key: str, delta: TextDelta) -> SeqDelta:

@@ -17,6 +17,7 @@ request's output.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -176,4 +177,4 @@ class SchedulerActor(Actor):
             )
         self.steps += 1
         refused, self.refused = tuple(self.refused), []
-        return StepTokens(self.steps, tuple(seqs), refused, stats)
+        return StepTokens(self.steps, tuple(seqs), refused, stats, time.monotonic())

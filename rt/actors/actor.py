@@ -1,0 +1,76 @@
+"""The actor base class and the context a child hands it.
+
+An actor is constructed in its child process from its spec's factory and
+arguments (construction and :meth:`Actor.startup` are its start-up: if they
+raise, the supervisor gets :class:`~rt.errors.ActorStartupError` with the
+traceback), then :meth:`Actor.run` runs under ``trio.run`` until it returns
+(a normal exit), raises (a crash), or the supervisor sends SIGTERM (run is
+cancelled, a normal exit)::
+
+    class Echo(Actor):
+        fault_points = frozenset({"step"})   # points of its own, beyond the built-in ones
+
+        async def run(self, ctx: ActorContext) -> None:
+            async for frame in ctx.inbox["in"]:
+                ctx.faults.check("step")
+                await ctx.outbox["out"].send(frame.data)
+                ctx.inbox["in"].commit(frame)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from rt.actors.faults import Faults
+from rt.actors.heartbeat import Heartbeat
+from rt.actors.mailbox import Inbox, Outbox
+
+
+class ActorContext:
+    """What an actor sees of the runtime: its name, incarnation, rings, faults.
+
+    ``incarnation`` is 1 for the first start and grows by one per restart.
+    ``beat()`` advances the heartbeat; receiving and sending do it too, and a
+    timer does it every ``watchdog_timeout / 5`` while trio's loop is free, so
+    only an actor that blocks its trio thread needs to call it (it cannot).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        incarnation: int,
+        faults: Faults,
+        heartbeat: Heartbeat | None,
+        inbox: Mapping[str, Inbox],
+        outbox: Mapping[str, Outbox],
+    ) -> None:
+        self.name = name
+        self.incarnation = incarnation
+        self.faults = faults
+        self.inbox = inbox
+        self.outbox = outbox
+        self._heartbeat = heartbeat
+
+    def beat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.beat()
+
+    async def tick(self) -> None:
+        """One iteration of an actor's own loop: heartbeat, then point ``loop``."""
+        self.beat()
+        await self.faults.point("loop")
+
+
+class Actor:
+    """Subclass and implement :meth:`run`. ``fault_points`` names the injection
+    points the actor passes beyond ``startup``, ``receive``, ``send``, ``loop``,
+    so a fault plan naming an unknown point is refused at start."""
+
+    fault_points: ClassVar[frozenset[str]] = frozenset()
+
+    async def startup(self, ctx: ActorContext) -> None:
+        """Anything slow before the actor is ready (loading a model). Optional."""
+
+    async def run(self, ctx: ActorContext) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement async run(ctx)")

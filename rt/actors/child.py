@@ -1,0 +1,147 @@
+"""The child process's entry point: ``python -m rt.actors.child --ctl FD --parent PID``.
+
+1. Arm the parent-death signal (SIGKILL), then re-check the parent's pid: the
+   parent may have died before the signal was armed, and the signal is tied
+   to the thread that forked us, so it cannot be relied on alone.
+2. Read the boot message from the control socket, import what the parent
+   could (its ``sys.path``), build the actor, run its start-up, report ready.
+3. Run the actor under ``trio.run`` with a heartbeat timer, a SIGTERM handler
+   (cancel, exit 0) and a watch on the control socket (EOF: the parent died).
+
+This module imports nothing heavy: the restore time of a light actor is the
+interpreter's start plus trio's import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import pickle
+import signal
+import socket
+import sys
+import traceback
+from contextlib import ExitStack
+
+import trio
+
+from rt.actors import boot as wire
+from rt.actors.actor import ActorContext
+from rt.actors.boot import ChildBoot
+from rt.actors.faults import Faults
+from rt.actors.heartbeat import Heartbeat
+
+PR_SET_PDEATHSIG = 1
+EXIT_ORPHANED = 70  # the parent was gone before or while we started
+
+
+def arm_parent_death(parent_pid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(EXIT_ORPHANED)
+
+
+def _attach(boot: ChildBoot, stack: ExitStack) -> ActorContext:
+    faults = Faults(boot.fault_plan, boot.name, boot.incarnation)
+    heartbeat = Heartbeat(boot.heartbeat_segment, boot.heartbeat_slot)
+    heartbeat.beat()
+    inbox, outbox = {}, {}
+    if boot.inboxes or boot.outboxes:
+        from rt.actors.mailbox import Inbox, Outbox
+        from rt.shm import RingReceiver, RingSender
+
+        for name, spec in boot.inboxes.items():
+            rx = RingReceiver.attach(spec)
+            stack.callback(rx.close)
+            inbox[name] = Inbox(name, rx, faults, heartbeat.beat)
+        for name, spec in boot.outboxes.items():
+            tx = RingSender.attach(spec)
+            stack.callback(tx.close)
+            outbox[name] = Outbox(name, tx, faults, heartbeat.beat)
+    return ActorContext(boot.name, boot.incarnation, faults, heartbeat, inbox, outbox)
+
+
+async def _beat_forever(ctx: ActorContext, interval: float) -> None:
+    while True:
+        ctx.beat()
+        await trio.sleep(interval)
+
+
+async def _exit_when_parent_gone(ctl: socket.socket) -> None:
+    """The parent holds its end until it has reaped us: EOF means it died."""
+    while True:
+        await trio.lowlevel.wait_readable(ctl)
+        try:
+            if not ctl.recv(4096):
+                os._exit(EXIT_ORPHANED)
+        except BlockingIOError:
+            continue
+
+
+async def _stop_on_sigterm(cancel_scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            cancel_scope.cancel()
+            return
+
+
+async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
+    with ExitStack() as stack:
+        try:
+            ctx = _attach(boot, stack)
+            await ctx.faults.point("startup")
+            actor = boot.factory(*boot.args, **boot.kwargs)
+            startup = getattr(actor, "startup", None)  # optional for duck-typed actors
+            if startup is not None:
+                await startup(ctx)
+        except Exception:
+            ctl.sendall(wire.encode(("startup_error", traceback.format_exc())))
+            return 1
+        ctl.sendall(wire.encode(("ready",)))
+        ctl.setblocking(False)
+        crash, code = None, 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_beat_forever, ctx, boot.heartbeat_interval)
+            nursery.start_soon(_exit_when_parent_gone, ctl)
+            nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
+            try:
+                await actor.run(ctx)
+            except SystemExit as exit:  # sys.exit(n) in an actor: exit n, as in a script
+                code = exit.code if isinstance(exit.code, int) else 1
+            except Exception:
+                crash = traceback.format_exc()
+            nursery.cancel_scope.cancel()
+        if crash is not None:
+            sys.stderr.write(f"actor {boot.name!r} (pid {os.getpid()}) crashed:\n{crash}")
+            ctl.setblocking(True)
+            ctl.sendall(wire.encode(("crashed", crash)))
+            return 1
+        return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rt.actors.child")
+    parser.add_argument("--ctl", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--name", default="")
+    args = parser.parse_args(argv)
+    arm_parent_death(args.parent)
+    ctl = socket.socket(fileno=args.ctl)
+    message = wire.recv_blocking(ctl)
+    if message is None:
+        os._exit(EXIT_ORPHANED)
+    sys_path, payload = message
+    sys.path[:] = sys_path
+    try:
+        boot: ChildBoot = pickle.loads(payload)
+    except Exception:
+        ctl.sendall(wire.encode(("startup_error", traceback.format_exc())))
+        sys.exit(1)
+    sys.exit(trio.run(run_child, boot, ctl))
+
+
+if __name__ == "__main__":
+    main()

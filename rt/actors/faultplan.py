@@ -1,0 +1,156 @@
+"""Fault plans: which injection point, in which actor, does what, and when.
+
+A plan is a seed plus rules, loaded from TOML or JSON (a file, or the
+``RT_FAULT_PLAN`` environment variable holding JSON or a path)::
+
+    seed = 7
+    [[faults]]
+    actor = "tok*"          # fnmatch pattern on the actor name (default "*")
+    point = "receive"       # receive, send, loop, startup, or an actor's own
+    action = "sigkill"      # see FaultKind
+    after = 3               # let 3 hits pass first (default 0)
+    times = 1               # fire at most once per incarnation (0: no limit)
+    probability = 1.0       # seeded: the same seed fires the same faults
+    incarnation = 1         # only in the first start (or max_incarnation = K)
+
+Hit counters and the random stream restart with every incarnation (a
+restarted child is a new process), so "crash once, then recover" is
+``incarnation = 1``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from rt.errors import ConfigError
+
+ENV_VAR = "RT_FAULT_PLAN"
+BUILTIN_POINTS = frozenset({"startup", "receive", "send", "loop"})
+
+
+class FaultKind(enum.StrEnum):
+    RAISE = "raise"  # raise FaultInjected
+    EXIT = "exit"  # os._exit(exit_code)
+    SIGKILL = "sigkill"  # SIGKILL itself
+    SIGSEGV = "sigsegv"  # SIGSEGV itself
+    HANG = "hang"  # block the thread: hang = "gil" (busy loop) or "sleep"
+    DELAY = "delay"  # wait delay_ms, then go on
+    DROP = "drop"  # the caller drops the frame
+    DUPLICATE = "duplicate"  # the caller handles the frame twice
+    CORRUPT = "corrupt"  # the caller corrupts the frame
+    OOM = "oom"  # raise MemoryError
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    point: str
+    action: FaultKind
+    actor: str = "*"
+    after: int = 0
+    times: int = 1
+    probability: float = 1.0
+    incarnation: int | None = None
+    max_incarnation: int | None = None
+    exit_code: int = 1
+    delay_ms: float = 0.0
+    hang: str = "gil"
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "action", FaultKind(self.action))
+        except ValueError:
+            raise ConfigError(
+                f"fault action {self.action!r} is unknown; expected one of "
+                f"{[k.value for k in FaultKind]}"
+            ) from None
+        if not self.point:
+            raise ConfigError("a fault rule needs a point (receive, send, loop, startup, ...)")
+        if self.after < 0 or self.times < 0:
+            raise ConfigError(f"fault at {self.point!r}: after and times must be >= 0")
+        if not 0.0 <= self.probability <= 1.0:
+            raise ConfigError(f"fault at {self.point!r}: probability must be in [0, 1]")
+        if self.hang not in ("gil", "sleep"):
+            raise ConfigError(f"fault at {self.point!r}: hang must be 'gil' or 'sleep'")
+        if self.delay_ms < 0:
+            raise ConfigError(f"fault at {self.point!r}: delay_ms must be >= 0")
+
+    def applies_to(self, actor: str, incarnation: int) -> bool:
+        if not fnmatchcase(actor, self.actor):
+            return False
+        if self.incarnation is not None and incarnation != self.incarnation:
+            return False
+        return self.max_incarnation is None or incarnation <= self.max_incarnation
+
+
+_RULE_FIELDS = {f.name for f in fields(FaultRule)}
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    rules: tuple[FaultRule, ...] = ()
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FaultPlan:
+        unknown = set(data) - {"seed", "faults"}
+        if unknown:
+            raise ConfigError(f"fault plan: unknown keys {sorted(unknown)}; expected seed, faults")
+        rules = []
+        for i, raw in enumerate(data.get("faults", ())):
+            extra = set(raw) - _RULE_FIELDS
+            if extra:
+                raise ConfigError(
+                    f"fault plan rule {i}: unknown keys {sorted(extra)}; expected {sorted(_RULE_FIELDS)}"
+                )
+            try:
+                rules.append(FaultRule(**raw))
+            except TypeError as err:
+                raise ConfigError(f"fault plan rule {i}: {err}") from err
+        return cls(tuple(rules), int(data.get("seed", 0)))
+
+    @classmethod
+    def parse(cls, text: str, fmt: str = "json") -> FaultPlan:
+        try:
+            data = tomllib.loads(text) if fmt == "toml" else json.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"fault plan is not valid {fmt}: {err}") from err
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> FaultPlan:
+        """Read a ``.toml`` or ``.json`` file."""
+        path = Path(path)
+        return cls.parse(path.read_text(), "toml" if path.suffix == ".toml" else "json")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> FaultPlan | None:
+        """The plan in ``RT_FAULT_PLAN`` (JSON text, or a path), or None."""
+        value = environ.get(ENV_VAR, "").strip()
+        if not value:
+            return None
+        return cls.parse(value) if value.startswith("{") else cls.load(value)
+
+    def for_actor(self, actor: str, incarnation: int) -> list[tuple[int, FaultRule]]:
+        """The rules (with their index in the plan) that apply to one incarnation."""
+        return [(i, r) for i, r in enumerate(self.rules) if r.applies_to(actor, incarnation)]
+
+    def check_points(self, actors: Mapping[str, frozenset[str]]) -> None:
+        """Raise ConfigError for a rule whose point none of the actors it matches
+        passes (a typo would otherwise make a chaos test silently fault-free).
+        ``actors`` maps each actor's name to its injection points."""
+        for i, rule in enumerate(self.rules):
+            matched = [name for name in actors if fnmatchcase(name, rule.actor)]
+            if matched and not any(rule.point in actors[name] for name in matched):
+                points = sorted(set().union(*(actors[name] for name in matched)))
+                raise ConfigError(
+                    f"fault plan rule {i}: no actor matching {rule.actor!r} ({matched}) "
+                    f"passes point {rule.point!r}; their points: {points}"
+                )

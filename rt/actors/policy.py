@@ -1,0 +1,76 @@
+"""The supervisor's decisions, as pure functions of time and history.
+
+No trio, no processes: which children restart, whether the intensity allows
+it, and how long to back off. Times are plain floats in seconds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from rt.actors.spec import Restart, Strategy
+
+
+def should_restart(restart: Restart, abnormal: bool) -> bool:
+    """Whether a child of this restart type is started again after its exit."""
+    if restart is Restart.PERMANENT:
+        return True
+    if restart is Restart.TRANSIENT:
+        return abnormal
+    return False
+
+
+def affected(strategy: Strategy, failed: int, count: int) -> range:
+    """Indices (in start order) of the children to stop and restart when child
+    ``failed`` of ``count`` fails."""
+    if not 0 <= failed < count:
+        raise IndexError(f"child {failed} of {count}")
+    if strategy is Strategy.ONE_FOR_ONE:
+        return range(failed, failed + 1)
+    if strategy is Strategy.REST_FOR_ONE:
+        return range(failed, count)
+    return range(count)
+
+
+@dataclass
+class RestartIntensity:
+    """At most ``max_restarts`` restarts within any ``max_seconds`` window."""
+
+    max_restarts: int
+    max_seconds: float
+    _times: deque[float] = field(default_factory=deque)
+
+    def record(self, now: float) -> bool:
+        """Count one restart at ``now``. False: the intensity is exceeded, escalate."""
+        self._times.append(now)
+        while self._times and self._times[0] <= now - self.max_seconds:
+            self._times.popleft()
+        return len(self._times) <= self.max_restarts
+
+    def recent(self, now: float) -> int:
+        """Restarts counted within the window ending at ``now``."""
+        return sum(1 for t in self._times if t > now - self.max_seconds)
+
+
+@dataclass
+class Backoff:
+    """Delay before restarting a crash-looping child.
+
+    A crash after the child ran at least ``reset_after`` seconds starts a new
+    streak (delay 0); each further quick crash doubles the delay from
+    ``initial``, capped at ``maximum``.
+    """
+
+    initial: float
+    maximum: float
+    reset_after: float
+    streak: int = 0
+
+    def next_delay(self, ran_for: float) -> float:
+        if ran_for >= self.reset_after:
+            self.streak = 0
+        self.streak += 1
+        if self.streak == 1 or self.initial == 0:
+            return 0.0
+        return min(self.maximum, self.initial * 2.0 ** (self.streak - 2))

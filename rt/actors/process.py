@@ -1,0 +1,174 @@
+"""Spawning one child process and watching it die.
+
+A child is a fresh interpreter (``python -m rt.actors.child``), never a fork:
+the parent may have imported torch. Its stdin is /dev/null, it leads its own
+session (so a terminal's ^C reaches only the parent, which stops children in
+order), and it inherits exactly the fds it needs.
+
+``subprocess.Popen`` runs on the calling (trio) thread on purpose: the child
+arms PR_SET_PDEATHSIG, which fires when the *thread* that forked it exits,
+and trio's ``open_process`` forks from a worker thread that its thread cache
+retires after idling. Exit is seen through a pidfd (readable the moment the
+child exits), not by polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+import cloudpickle
+import trio
+
+from rt.actors import boot as wire
+from rt.actors.boot import ChildBoot
+from rt.errors import ActorStartupError
+
+log = logging.getLogger("rt.actors")
+
+EXIT_AFTER_ERROR_S = 5.0  # a child that reported a start-up error gets this long to exit
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class ChildProcess:
+    """A spawned child: signal it, wait for it, read its last report."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], ctl: socket.socket, name: str) -> None:
+        self.name = name
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        self.exited_at: float | None = None  # time.monotonic() when the exit was seen
+        self.report: str | None = None  # the traceback a crashing child sent
+        self.killed_after_grace = False
+        self._popen = popen
+        self._ctl = ctl
+        self._pidfd = os.pidfd_open(popen.pid)
+        self._lock = trio.Lock()
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # not reaped, so the pidfd is open and the pid ours
+            with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
+                signal.pidfd_send_signal(self._pidfd, sig)
+
+    async def wait(self) -> int:
+        """Wait for the exit and reap. Safe from several tasks; a cancelled waiter
+        leaves the child to the next one."""
+        async with self._lock:
+            if self.returncode is None:
+                await trio.lowlevel.wait_readable(self._pidfd)
+                self.exited_at = time.monotonic()
+                self.returncode = self._popen.wait()
+                self._release()
+        return self.returncode
+
+    async def stop(self, grace: float) -> int:
+        """SIGTERM, up to ``grace`` seconds to exit, then SIGKILL."""
+        if self.returncode is None:
+            self.send_signal(signal.SIGTERM)
+            with trio.move_on_after(grace):
+                return await self.wait()
+            log.warning(
+                "actor %r (pid %d) ignored SIGTERM for %.1f s: SIGKILL", self.name, self.pid, grace
+            )
+            self.killed_after_grace = True
+            self.send_signal(signal.SIGKILL)
+        return await self.wait()
+
+    async def kill(self) -> int:
+        self.send_signal(signal.SIGKILL)
+        return await self.wait()
+
+    async def handshake(self, timeout: float) -> None:
+        """Wait for "ready"; raise ActorStartupError if start-up fails or takes too long."""
+        message = None
+        with trio.move_on_after(timeout) as deadline:
+            message = await wire.recv(self._ctl)
+        if message == ("ready",):
+            return
+        if deadline.cancelled_caught:
+            await self.kill()
+            raise ActorStartupError(
+                f"actor {self.name!r} (pid {self.pid}) did not report ready within {timeout} s "
+                "(raise the actor's startup_timeout if its start-up is slow)"
+            )
+        with trio.move_on_after(EXIT_AFTER_ERROR_S):
+            await self.wait()
+        code = await self.kill()  # a no-op unless something kept it alive
+        if message is not None and message[0] == "startup_error":
+            raise ActorStartupError(
+                f"actor {self.name!r} (pid {self.pid}) raised during start-up", message[1]
+            )
+        raise ActorStartupError(
+            f"actor {self.name!r} (pid {self.pid}) exited before reporting ready "
+            f"({describe_exit(code)})"
+        )
+
+    def _release(self) -> None:
+        message = wire.recv_buffered(self._ctl)
+        if message is not None and message[0] == "crashed":
+            self.report = message[1]
+        self._ctl.close()
+        trio.lowlevel.notify_closing(self._pidfd)
+        os.close(self._pidfd)
+
+
+async def spawn(
+    boot: ChildBoot,
+    *,
+    pass_fds: Sequence[int] = (),
+    env: Mapping[str, str] | None = None,
+    startup_timeout: float = 60.0,
+) -> ChildProcess:
+    """Start a child running ``boot``'s actor and wait until it reports ready."""
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        popen = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rt.actors.child",
+                "--ctl",
+                str(child_end.fileno()),
+                "--parent",
+                str(os.getpid()),
+                "--name",
+                boot.name,
+            ],
+            stdin=subprocess.DEVNULL,
+            pass_fds=(child_end.fileno(), *pass_fds),
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    except BaseException:
+        parent_end.close()
+        raise
+    finally:
+        child_end.close()
+    parent_end.setblocking(False)
+    proc = ChildProcess(popen, parent_end, boot.name)
+    try:
+        # A child that died at once breaks the pipe: the handshake then reads EOF
+        # and says how it exited.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await wire.send(parent_end, (list(sys.path), cloudpickle.dumps(boot)))
+        await proc.handshake(startup_timeout)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await proc.kill()
+        raise
+    return proc

@@ -1,0 +1,65 @@
+"""The supervisor's state as frozen snapshots, for /server_info, /health, /metrics."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ActorState(enum.StrEnum):
+    STARTING = "starting"  # spawned, not yet reported ready
+    RUNNING = "running"  # reported ready, not exited
+    RESTARTING = "restarting"  # exited (or stopped by its strategy); will start again
+    STOPPED = "stopped"  # exited normally and is not restarted, or the supervisor stopped
+    FAILED = "failed"  # exited abnormally and is not restarted (temporary, or escalation)
+
+
+@dataclass(frozen=True)
+class ActorStatus:
+    """One child. Times are ``time.monotonic()`` seconds; ``heartbeat_age`` is
+    how long ago the child last advanced its heartbeat (None: not running)."""
+
+    name: str
+    pid: int | None
+    state: ActorState
+    incarnation: int  # 1 for the first start, +1 for each restart
+    restart_count: int
+    last_exit_reason: str | None
+    heartbeat_age: float | None
+    ready_at: float | None  # when the current incarnation reported ready
+    last_exit_at: float | None  # when the supervisor saw the last exit
+
+
+@dataclass(frozen=True)
+class SupervisorStatus:
+    """One supervisor. A child subtree appears in ``actors`` (pid None) and, in
+    full, in ``subtrees``."""
+
+    name: str
+    strategy: str
+    actors: tuple[ActorStatus, ...]
+    running: bool  # every child was started and the supervisor is not stopping
+    restarts_in_window: int
+    escalated: str | None  # the escalation message once the run has given up
+    subtrees: tuple[SupervisorStatus, ...] = ()
+
+    def actor(self, name: str) -> ActorStatus:
+        """The actor (or subtree) called ``name``, anywhere in the tree."""
+        for status in self.actors:
+            if status.name == name:
+                return status
+        for subtree in self.subtrees:
+            try:
+                return subtree.actor(name)
+            except KeyError:
+                continue
+        raise KeyError(f"no actor named {name!r}; actors: {[a.name for a in self.actors]}")
+
+    @property
+    def healthy(self) -> bool:
+        """Running, and every actor that should be running is running, at every level."""
+        return (
+            self.running
+            and all(a.state in (ActorState.RUNNING, ActorState.STOPPED) for a in self.actors)
+            and all(s.healthy for s in self.subtrees if s.running)
+        )

@@ -1,0 +1,455 @@
+"""The supervisor: a trio task tree that owns every child process and ring.
+
+One task per running child waits on its pidfd (exit is seen at once) and
+watches its heartbeat (a hang is seen after ``watchdog_timeout``); both post
+an exit event. The supervisor task handles events one at a time: it applies
+the restart type, the intensity, the strategy and the backoff (the pure
+decisions live in :mod:`rt.actors.policy`), stopping and starting children
+itself. A child that is a :class:`SupervisorSpec` runs as a sub-supervisor
+in this process; it fails, as one child, when it escalates. The root creates
+every ring of the tree, so a restarted subtree reattaches to the same rings.
+
+Cancelling :meth:`Supervisor.run` (or SIGINT/SIGTERM with ``handle_signals``)
+stops the tree depth first in reverse start order, each actor by SIGTERM then
+SIGKILL after its grace period, and unlinks every segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from rt.actors.boot import ChildBoot
+from rt.actors.faultplan import BUILTIN_POINTS, FaultPlan
+from rt.actors.heartbeat import HeartbeatTable
+from rt.actors.policy import Backoff, RestartIntensity, affected, should_restart
+from rt.actors.process import ChildProcess, describe_exit, spawn
+from rt.actors.spec import ActorSpec, Restart, SupervisorSpec
+from rt.actors.status import ActorState, ActorStatus, SupervisorStatus
+from rt.errors import ActorStartupError, EscalationError
+from rt.shm import Ring
+from rt.shm.segment import new_run_prefix, sweep
+
+log = logging.getLogger("rt.actors")
+
+
+@dataclass(eq=False)
+class _Child:
+    """The supervisor's mutable record of one child (private; see ActorStatus)."""
+
+    index: int
+    spec: ActorSpec | SupervisorSpec
+    backoff: Backoff
+    state: ActorState = ActorState.STARTING
+    proc: ChildProcess | None = None  # an actor's process
+    sub: Supervisor | None = None  # a subtree's supervisor (the latest incarnation's)
+    scope: trio.CancelScope | None = None  # a running subtree's: cancel to stop it
+    done: trio.Event | None = None  # set when the running subtree's task has finished
+    incarnation: int = 0
+    live: bool = False  # the current incarnation's exit is still to be handled
+    restart_count: int = 0
+    reasons: deque[str] = field(default_factory=lambda: deque(maxlen=5))
+    ready_at: float | None = None
+    ready_ns: int = 0
+    last_exit_at: float | None = None
+
+
+@dataclass(frozen=True)
+class _Exit:
+    index: int
+    incarnation: int
+    reason: str
+    abnormal: bool
+    at: float
+    error: BaseException | None = None
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+class Supervisor:
+    """Runs a :class:`SupervisorSpec`. Start it with ``await nursery.start(sup.run)``
+    or ``async with open_supervisor(spec) as sup``; read :meth:`status`."""
+
+    def __init__(
+        self,
+        spec: SupervisorSpec,
+        *,
+        fault_plan: FaultPlan | None = None,
+        handle_signals: bool = False,
+        _parent: Supervisor | None = None,
+    ) -> None:
+        self.spec = spec
+        self._parent = _parent
+        self.fault_plan: FaultPlan | None
+        if _parent is not None:  # a subtree: the root checked the tree and owns the rings
+            self.fault_plan = _parent.fault_plan
+            self._rings: dict[str, Ring] = _parent._rings
+        else:
+            spec.check_tree()
+            self.fault_plan = fault_plan if fault_plan is not None else FaultPlan.from_env()
+            if self.fault_plan is not None:
+                self.fault_plan.check_points(
+                    {
+                        a.name: BUILTIN_POINTS | getattr(a.factory, "fault_points", frozenset())
+                        for a in spec.actors()
+                    }
+                )
+            self._rings = {}
+        self._handle_signals = handle_signals
+        self._children = [
+            _Child(i, c, Backoff(spec.backoff_initial, spec.backoff_max, spec.backoff_reset))
+            for i, c in enumerate(spec.children)
+        ]
+        self._intensity = RestartIntensity(spec.max_restarts, spec.max_seconds)
+        self._heartbeats: HeartbeatTable | None = None
+        self._escalation: EscalationError | None = None
+        self._changed = trio.Event()
+        self._events: trio.MemorySendChannel[_Exit] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._running = False
+        self._started = False
+        self.prefix = ""
+
+    # -- the public surface ---------------------------------------------------
+
+    def status(self) -> SupervisorStatus:
+        hb = self._heartbeats
+        return SupervisorStatus(
+            name=self.spec.name,
+            strategy=self.spec.strategy.value,
+            actors=tuple(
+                ActorStatus(
+                    name=c.spec.name,
+                    pid=c.proc.pid if c.proc is not None else None,
+                    state=c.state,
+                    incarnation=c.incarnation,
+                    restart_count=c.restart_count,
+                    last_exit_reason=c.reasons[-1] if c.reasons else None,
+                    heartbeat_age=hb.age(c.index, c.ready_ns)
+                    if hb is not None and c.state is ActorState.RUNNING
+                    else None,
+                    ready_at=c.ready_at,
+                    last_exit_at=c.last_exit_at,
+                )
+                for c in self._children
+            ),
+            running=self._running,
+            restarts_in_window=self._intensity.recent(time.monotonic()),
+            escalated=str(self._escalation) if self._escalation else None,
+            subtrees=tuple(c.sub.status() for c in self._children if c.sub is not None),
+        )
+
+    async def wait_for(self, predicate: Callable[[SupervisorStatus], bool]) -> SupervisorStatus:
+        """Wait until ``predicate(self.status())`` holds (checked at every change)."""
+        while True:
+            status = self.status()
+            if predicate(status):
+                return status
+            await self._changed.wait()
+
+    def ring(self, name: str) -> Ring:
+        """The :class:`rt.shm.Ring` declared as ``name``, to attach the parent's end
+        to. Close that end before the supervisor stops: it unlinks every ring."""
+        try:
+            return self._rings[name]
+        except KeyError:
+            raise KeyError(f"no ring {name!r} (is the supervisor running?)") from None
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start every child, supervise until cancelled, then stop everything.
+        Raises EscalationError (after the clean shutdown) if the intensity is exceeded.
+        A supervisor runs once; build a new one to run again."""
+        if self._nursery is not None:
+            raise RuntimeError(f"supervisor {self.spec.name!r} has already run; make a new one")
+        if self._parent is None:
+            sweep()
+            self.prefix = new_run_prefix()
+        else:
+            self.prefix = self._parent.prefix
+        send, receive = trio.open_memory_channel[_Exit](math.inf)
+        self._events = send
+        try:
+            self._open_segments()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    if self._handle_signals:
+                        nursery.start_soon(self._stop_on_signal, nursery.cancel_scope)
+                    for child in self._children:
+                        await self._start(child)
+                    self._running = self._started = True
+                    self._notify()
+                    task_status.started(self)
+                    await self._supervise(receive)
+                finally:
+                    # Inside the nursery, so running subtrees (shielded) stop in order too.
+                    self._running = False
+                    with trio.CancelScope(shield=True):
+                        await self._stop_children()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._close_segments()
+        if self._escalation is not None:
+            raise self._escalation
+
+    # -- starting and watching ------------------------------------------------
+
+    def _open_segments(self) -> None:
+        tag = f"hb_{self.spec.name}"
+        self._heartbeats = HeartbeatTable.create(self.prefix, len(self._children), tag)
+        if self._parent is None:
+            for decl in self.spec.all_rings():
+                self._rings[decl.name] = Ring.create(self.prefix, decl.name, decl.capacity)
+
+    def _close_segments(self) -> None:
+        if self._parent is None:
+            for ring in self._rings.values():
+                ring.close()
+        if self._heartbeats is not None:
+            self._heartbeats.close()
+            self._heartbeats = None
+        self._notify()
+
+    def _watchdog_timeout(self, spec: ActorSpec) -> float:
+        return spec.watchdog_timeout or self.spec.watchdog_timeout
+
+    async def _start(self, child: _Child) -> None:
+        assert self._heartbeats is not None and self._events is not None
+        child.incarnation += 1
+        child.state = ActorState.STARTING
+        child.live = True
+        self._notify()
+        if isinstance(child.spec, SupervisorSpec):
+            await self._start_subtree(child)
+            return
+        spec = child.spec
+        boot = ChildBoot(
+            name=spec.name,
+            factory=spec.factory,
+            args=spec.args,
+            kwargs=dict(spec.kwargs),
+            incarnation=child.incarnation,
+            heartbeat_segment=self._heartbeats.name,
+            heartbeat_slot=child.index,
+            heartbeat_interval=self._watchdog_timeout(spec) / 5,
+            inboxes={r: self._rings[r].spec for r in spec.inboxes},
+            outboxes={r: self._rings[r].spec for r in spec.outboxes},
+            fault_plan=self.fault_plan,
+        )
+        fds = [fd for r in (*spec.inboxes, *spec.outboxes) for fd in self._rings[r].fds]
+        try:
+            proc = await spawn(
+                boot, pass_fds=fds, env=spec.env, startup_timeout=spec.startup_timeout
+            )
+        except ActorStartupError as err:
+            reason = f"startup failed: {_last_line(err.child_traceback) or err}"
+            self._events.send_nowait(
+                _Exit(child.index, child.incarnation, reason, True, time.monotonic(), err)
+            )
+            return
+        child.proc = proc
+        child.state = ActorState.RUNNING
+        child.ready_ns = time.monotonic_ns()
+        child.ready_at = child.ready_ns / 1e9
+        log.info("actor %r ready (pid %d, incarnation %d)", spec.name, proc.pid, child.incarnation)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._watch, child, proc, child.incarnation)
+        self._notify()
+
+    async def _start_subtree(self, child: _Child) -> None:
+        assert isinstance(child.spec, SupervisorSpec) and self._nursery is not None
+        sub = Supervisor(child.spec, _parent=self)
+        child.sub, child.done = sub, trio.Event()
+        await self._nursery.start(self._run_subtree, child, sub, child.incarnation, child.done)
+        if sub._escalation is None:  # else its exit event is queued already
+            child.state = ActorState.RUNNING
+            child.ready_at = time.monotonic()
+            self._notify()
+
+    async def _run_subtree(
+        self,
+        child: _Child,
+        sub: Supervisor,
+        incarnation: int,
+        done: trio.Event,
+        task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """A subtree runs shielded: only :meth:`_stop_child` stops it, so a
+        shutdown stops the tree depth first in reverse start order."""
+        reason, abnormal, error = "stopped", False, None
+        try:
+            with trio.CancelScope(shield=True) as scope:
+                child.scope = scope
+                try:
+                    await sub.run(task_status=task_status)
+                except EscalationError as err:
+                    reason, abnormal, error = f"escalated ({err})", True, err
+                    if not sub._started:
+                        task_status.started(sub)
+        finally:
+            if child.scope is scope:
+                child.scope = None
+            done.set()
+        assert self._events is not None
+        self._events.send_nowait(
+            _Exit(child.index, incarnation, reason, abnormal, time.monotonic(), error)
+        )
+
+    async def _watch(self, child: _Child, proc: ChildProcess, incarnation: int) -> None:
+        stuck: list[str] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watchdog, child, proc, stuck)
+            code = await proc.wait()
+            nursery.cancel_scope.cancel()
+        at = proc.exited_at or time.monotonic()
+        reason = stuck[0] if stuck else describe_exit(code)
+        if proc.report:
+            reason += f" ({_last_line(proc.report)})"
+        assert self._events is not None
+        self._events.send_nowait(
+            _Exit(child.index, incarnation, reason, code != 0 or bool(stuck), at)
+        )
+
+    async def _watchdog(self, child: _Child, proc: ChildProcess, stuck: list[str]) -> None:
+        assert self._heartbeats is not None and isinstance(child.spec, ActorSpec)
+        timeout = self._watchdog_timeout(child.spec)
+        while True:
+            await trio.sleep(timeout / 4)
+            age = self._heartbeats.age(child.index, child.ready_ns)
+            if age > timeout:
+                stuck.append(f"watchdog: no heartbeat for {age:.2f} s")
+                log.warning(
+                    "actor %r (pid %d) stuck for %.2f s (watchdog_timeout %.2f s): SIGKILL",
+                    child.spec.name,
+                    proc.pid,
+                    age,
+                    timeout,
+                )
+                proc.send_signal(signal.SIGKILL)
+                return
+
+    # -- deciding -------------------------------------------------------------
+
+    async def _supervise(self, events: trio.MemoryReceiveChannel[_Exit]) -> None:
+        async for event in events:
+            child = self._children[event.index]
+            if not child.live or event.incarnation != child.incarnation:
+                continue  # an exit the supervisor caused, already handled
+            child.live, child.proc = False, None
+            child.reasons.append(event.reason)
+            child.last_exit_at = event.at
+            if not should_restart(child.spec.restart, event.abnormal):
+                child.state = ActorState.FAILED if event.abnormal else ActorState.STOPPED
+                log.warning(
+                    "actor %r exited (%s); %s, not restarted",
+                    child.spec.name,
+                    event.reason,
+                    child.spec.restart.value,
+                )
+                self._notify()
+                continue
+            if not self._intensity.record(time.monotonic()):
+                child.state = ActorState.FAILED
+                self._escalate(child, event)
+                return
+            log.warning("actor %r exited (%s): restarting", child.spec.name, event.reason)
+            await self._restart(child, event)
+
+    def _escalate(self, child: _Child, event: _Exit) -> None:
+        self._escalation = EscalationError(
+            f"supervisor {self.spec.name!r}: actor {child.spec.name!r} needed more than "
+            f"{self.spec.max_restarts} restarts within {self.spec.max_seconds:g} s; "
+            f"shutting everything down. Last exit reasons of {child.spec.name!r}: "
+            + "; ".join(child.reasons)
+        )
+        self._escalation.__cause__ = event.error
+        log.error("%s", self._escalation)
+        self._notify()
+
+    async def _restart(self, failed: _Child, event: _Exit) -> None:
+        group = [
+            self._children[i]
+            for i in affected(self.spec.strategy, failed.index, len(self._children))
+        ]
+        failed.state = ActorState.RESTARTING
+        for other in reversed(group):
+            if other is not failed and other.live:
+                other.live = False
+                other.state = ActorState.RESTARTING
+                await self._stop_child(other)
+        self._notify()
+        ran_for = event.at - failed.ready_at if failed.ready_at and event.error is None else 0.0
+        delay = failed.backoff.next_delay(ran_for)
+        if delay:
+            log.info("actor %r: backing off %.2f s before restarting", failed.spec.name, delay)
+            await trio.sleep(delay)
+        for member in group:
+            if member.state is not ActorState.RESTARTING:
+                continue
+            if member is not failed and member.spec.restart is Restart.TEMPORARY:
+                member.state = ActorState.STOPPED
+                continue
+            member.restart_count += 1
+            await self._start(member)
+
+    # -- stopping -------------------------------------------------------------
+
+    async def _stop_child(self, child: _Child) -> None:
+        if child.proc is not None:
+            assert isinstance(child.spec, ActorSpec)
+            await child.proc.stop(child.spec.shutdown_grace or self.spec.shutdown_grace)
+            child.proc = None
+        if child.scope is not None and child.done is not None:
+            child.scope.cancel()
+            await child.done.wait()
+
+    async def _stop_on_signal(self, cancel_scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.warning(
+                    "supervisor %r: %s received, stopping",
+                    self.spec.name,
+                    signal.Signals(signum).name,
+                )
+                cancel_scope.cancel()
+                return
+
+    async def _stop_children(self) -> None:
+        for child in reversed(self._children):
+            child.live = False
+            await self._stop_child(child)
+            if child.state is not ActorState.FAILED:
+                child.state = ActorState.STOPPED
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+        if self._parent is not None:  # the parent's status includes ours
+            self._parent._notify()
+
+
+@asynccontextmanager
+async def open_supervisor(spec: SupervisorSpec, **options: Any) -> AsyncIterator[Supervisor]:
+    """Run a supervisor for the body of the ``async with``; every child is ready
+    on entry, and everything is stopped and unlinked on exit. An escalation
+    cancels the body and comes out as an ExceptionGroup holding EscalationError."""
+    supervisor = Supervisor(spec, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        yield supervisor
+        nursery.cancel_scope.cancel()

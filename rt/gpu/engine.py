@@ -1,0 +1,283 @@
+"""The engine core: add requests, step, abort. Synchronous; a scheduler actor wraps it.
+
+``step()`` may run in a worker thread while another thread calls
+``add_request``, ``abort`` or ``finish``: those validate and then only append
+to deques (atomic in CPython) that the next ``step()`` drains, so the core's
+structures are touched by one thread at a time. Call ``step()`` from one
+thread at a time, and ``flush_cache``/``check_integrity`` only between steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from rt.errors import ContextOverflowError, InvalidRequestError
+from rt.gpu.engine_config import EngineConfig
+from rt.gpu.engine_setup import EngineParts, build_parts
+from rt.gpu.model_runner import ScheduledReq
+from rt.gpu.request import FinishReason, Req, ReqOutput, StepOutput
+from rt.gpu.sampler import SampleRow, child_seed, sample
+from rt.gpu.sampling_params import SEED_MASK, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineCore:
+    """Continuous batching over a paged, prefix-shared KV cache."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        parts: EngineParts = build_parts(config)
+        self.model_config = parts.model_config
+        self.eos_token_ids = parts.eos_token_ids
+        self.context_length = parts.context_length
+        self.cache = parts.cache
+        self.runner = parts.runner
+        self.prefill = parts.prefill
+        self.decode = parts.decode
+        self.max_total_tokens = self.cache.allocator.capacity * config.page_size
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.reqs: dict[str, list[Req]] = {}
+        self._incoming: deque[Req] = deque()
+        self._commands: deque[tuple[str, str]] = deque()
+        self._arrival = itertools.count()
+        self._seed_rng = random.Random(config.seed)
+        self._new_token_ratio = config.new_token_ratio
+        self.num_retractions = 0
+
+    # ---- requests in -------------------------------------------------------------
+
+    def add_request(
+        self,
+        rid: str,
+        input_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        output_ids: Sequence[int] = (),
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; thread-safe, the next step sees it.
+
+        ``output_ids`` resumes a request: the tokens it already generated, which
+        count as outputs (penalties, sampling positions) but not against
+        ``max_new_tokens`` (pass the remaining budget) nor in what steps report.
+        With the ``priority`` policy a higher ``priority`` is admitted first. Raises InvalidRequestError for bad ids or parameters and ContextOverflowError when the
+        request could never fit the context or the KV pool.
+        """
+        params = params or SamplingParams()
+        vocab = self.model_config.vocab_size
+        if rid in self.reqs:
+            raise InvalidRequestError(
+                f"rid: expected a new request id, {rid!r} is already in flight"
+            )
+        if len(input_ids) == 0:
+            raise InvalidRequestError("input_ids: expected at least one token id, got none")
+        ids = [*input_ids, *output_ids]
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            bad = next(t for t in ids if not (isinstance(t, int) and 0 <= t < vocab))
+            raise InvalidRequestError(f"input_ids: expected token ids in [0, {vocab}), got {bad!r}")
+        params.validate(vocab)
+        total = len(ids) + params.max_new_tokens
+        if total > self.context_length:
+            raise ContextOverflowError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the context length {self.context_length}; shorten the prompt or lower max_new_tokens"
+            )
+        if total > self.max_total_tokens:
+            raise ContextOverflowError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the KV pool ({self.max_total_tokens} tokens); lower max_new_tokens or grow the pool"
+            )
+        seed = (
+            params.seed if params.seed is not None else self._seed_rng.getrandbits(63) & SEED_MASK
+        )
+        children: list[Req] = []
+        for index in range(params.n):
+            req = Req(
+                rid=rid,
+                index=index,
+                input_ids=list(input_ids),
+                params=params,
+                seed=child_seed(seed, index),
+                priority=priority,
+                arrival=next(self._arrival),
+                output_ids=list(output_ids),
+                prior_outputs=len(output_ids),
+            )
+            if index > 0:
+                req.gate = children[0]  # waits until child 0 has cached the shared prompt
+            children.append(req)
+        self.reqs[rid] = children
+        self._incoming.extend(children)
+
+    def abort(self, rid: str) -> None:
+        """Abort ``rid`` at the start of the next step (thread-safe); the step reports it."""
+        self._commands.append(("abort", rid))
+
+    def finish(self, rid: str) -> None:
+        """Finish ``rid`` now, as if it had stopped (thread-safe); the next step reports it."""
+        self._commands.append(("finish", rid))
+
+    # ---- the step ---------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(
+            self.waiting or self.running or self.chunked or self._incoming or self._commands
+        )
+
+    def step(self) -> StepOutput:
+        """Run one forward pass (an extend, or a decode of every running request)."""
+        out = StepOutput()
+        while self._incoming:
+            self.waiting.append(self._incoming.popleft())
+        self._apply_commands(out)
+        plan = self.prefill.plan(self.waiting, self.running, self.chunked, self._new_token_ratio)
+        self.chunked = plan.chunked
+        if plan.requeued is not None:
+            self.waiting.append(plan.requeued)
+        if plan.items:
+            out.forward_mode = "extend"
+            self._run(plan.items, out)
+            return out
+        if self.running:
+            items, retracted = self.decode.plan(self.running)
+            if retracted:
+                self.num_retractions += len(retracted)
+                self.waiting.extend(retracted)
+                self._new_token_ratio = 1.0
+                log.info("KV pool full: retracted %d request(s)", len(retracted))
+            else:
+                self._new_token_ratio = max(
+                    self.config.new_token_ratio,
+                    self._new_token_ratio - self.config.new_token_ratio_decay,
+                )
+            out.forward_mode = "decode"
+            self._run(items, out)
+        return out
+
+    def _run(self, items: list[ScheduledReq], out: StepOutput) -> None:
+        batch = self.runner.build_batch(items, self.cache.table.slots.device)
+        logits = self.runner.forward(batch)
+        out.num_tokens = batch.input_ids.shape[0]
+        samples = [item.samples for item in items]
+        to_sample = [item.req for item, s in zip(items, samples, strict=True) if s]
+        for item in items:
+            item.req.kv_len += item.extend_len
+        for item, sampled in zip(items, samples, strict=True):
+            req = item.req
+            if not sampled:
+                self.cache.cache_prefix(req)  # a chunk boundary
+            elif not req.decoding:
+                req.decoding = True
+                self.cache.cache_prefix(req)
+                self.running.append(req)
+        if not to_sample:
+            return
+        result = sample(logits, [self._sample_row(r) for r in to_sample])
+        for i, req in enumerate(to_sample):
+            tok = result.token_ids[i]
+            req.output_ids.append(tok)
+            o = ReqOutput(
+                req.rid, req.index, [tok], seed=req.seed, cached_tokens=req.cached_tokens or 0
+            )
+            if result.logprobs is not None and (req.params.logprobs or req.params.top_logprobs):
+                o.logprobs = [result.logprobs[i]]
+                if (
+                    req.params.top_logprobs
+                    and result.top_ids is not None
+                    and result.top_logprobs is not None
+                ):
+                    o.top_logprobs = [
+                        list(zip(result.top_ids[i], result.top_logprobs[i], strict=True))
+                    ]
+            reason = self._finish_reason(req, tok)
+            if reason is not None:
+                self._finish(req, reason, o)
+            out.outputs.append(o)
+
+    def _stop_ids(self, req: Req) -> set[int]:
+        stops = set(req.params.stop_token_ids)
+        if not req.params.ignore_eos:
+            stops.update(self.eos_token_ids)
+        return stops
+
+    def _sample_row(self, req: Req) -> SampleRow:
+        suppress = self._stop_ids(req) if req.num_new < req.params.min_new_tokens else ()
+        return SampleRow(
+            req.params, req.seed, req.seq_len, req.token_ids, req.output_ids, sorted(suppress)
+        )
+
+    def _finish_reason(self, req: Req, tok: int) -> FinishReason | None:
+        if tok in self._stop_ids(req) and req.num_new > req.params.min_new_tokens - 1:
+            req.matched_stop = tok
+            return "stop"
+        if req.num_new >= req.params.max_new_tokens or req.seq_len >= self.context_length:
+            return "length"
+        return None
+
+    def _finish(self, req: Req, reason: FinishReason, o: ReqOutput) -> None:
+        """Free ``req``'s KV (its prefix stays cached) and fill in the final output fields."""
+        req.finish_reason = reason
+        if req.row >= 0:
+            self.cache.release(req, cache=reason != "abort")
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req is self.chunked:
+            self.chunked = None
+        o.finish_reason, o.matched_stop = reason, req.matched_stop
+        o.prompt_tokens = len(req.input_ids)
+        o.completion_tokens = req.num_new
+        o.cached_tokens = req.cached_tokens or 0
+        children = self.reqs.get(req.rid, [])
+        if all(c.finish_reason is not None for c in children):
+            self.reqs.pop(req.rid, None)
+
+    def _apply_commands(self, out: StepOutput) -> None:
+        while self._commands:
+            command, rid = self._commands.popleft()
+            reason: FinishReason = "abort" if command == "abort" else "finish"
+            for req in list(self.reqs.get(rid, ())):
+                if req.finish_reason is None:
+                    o = ReqOutput(req.rid, req.index, [], seed=req.seed)
+                    self._finish(req, reason, o)
+                    out.outputs.append(o)
+
+    # ---- cache ---------------------------------------------------------------
+
+    def flush_cache(self) -> int:
+        """Drop every cached prefix no running request uses; return how many tokens were freed."""
+        before = self.cache.tree.evictable_size
+        self.cache.flush()
+        return before - self.cache.tree.evictable_size
+
+    def check_integrity(self) -> None:
+        """Assert the KV invariants: every slot free, owned by one live request, or held by the tree."""
+        live = [r for r in self.running]
+        if self.chunked is not None:
+            live.append(self.chunked)
+        for req in self.waiting:
+            assert req.row == -1 and req.last_node is None, "a waiting request holds KV"
+        self.cache.check_integrity(live)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + (1 if self.chunked else 0)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self._incoming)
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device

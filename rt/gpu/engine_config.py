@@ -1,0 +1,68 @@
+"""Options of the engine core; names follow SGLang's server arguments where one exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rt.errors import ConfigError
+from rt.gpu.model_config import ModelConfig
+
+SCHEDULE_POLICIES = ("fcfs", "lpm", "priority")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to build and run an engine core.
+
+    ``model_path`` is a Hugging Face model directory. With ``load_format`` "dummy"
+    (random weights) or "null" (no forward pass: fixed tokens, to measure the
+    runtime's own overhead) a ``model_config`` may stand in for the directory.
+    The KV pool holds ``max_total_tokens`` tokens, or ``mem_fraction`` of the
+    free device memory (host memory on CPU) when that is None.
+    """
+
+    model_path: str | Path | None = None
+    model_config: ModelConfig | None = None
+    load_format: str = "auto"
+    dtype: str = "float32"
+    device: str = "cpu"
+    attention_backend: str = "torch"
+    page_size: int = 1
+    max_total_tokens: int | None = None
+    mem_fraction: float = 0.5
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = 8192
+    schedule_policy: str = "fcfs"
+    enable_prefix_cache: bool = True
+    context_length: int | None = None
+    # share of each running request's remaining token budget kept free when admitting;
+    # raised to 1 after a retraction, then decays back
+    new_token_ratio: float = 0.4
+    new_token_ratio_decay: float = 0.002
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model_path is None and self.model_config is None:
+            raise ConfigError(
+                "EngineConfig needs a model_path (a Hugging Face model directory) or a model_config"
+            )
+        if self.model_path is None and self.load_format not in ("dummy", "null"):
+            raise ConfigError(
+                f"load_format={self.load_format!r} needs a model_path; only 'dummy' and 'null' work without one"
+            )
+        if self.page_size < 1:
+            raise ConfigError(f"page_size: expected an integer >= 1, got {self.page_size}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ConfigError(
+                f"schedule_policy={self.schedule_policy!r}; expected one of {SCHEDULE_POLICIES}"
+            )
+        if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
+            raise ConfigError("max_running_requests and max_prefill_tokens must be >= 1")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size < 1:
+            raise ConfigError(
+                f"chunked_prefill_size: expected None or >= 1, got {self.chunked_prefill_size}"
+            )
+        if not 0.0 < self.mem_fraction <= 1.0:
+            raise ConfigError(f"mem_fraction: expected a number in (0, 1], got {self.mem_fraction}")

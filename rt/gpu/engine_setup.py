@@ -1,0 +1,129 @@
+"""Assemble an engine core's parts from its config: model, KV pool, caches, planners."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rt.errors import ConfigError
+from rt.gpu.attention import create_attention_backend
+from rt.gpu.engine_config import EngineConfig
+from rt.gpu.kv_cache import KVCacheManager, ReqTable
+from rt.gpu.kv_pool import KVPool, PageAllocator
+from rt.gpu.loader import load_model, resolve_dtype
+from rt.gpu.model_config import ModelConfig
+from rt.gpu.model_dir import read_model_dir
+from rt.gpu.model_runner import ModelRunner, NullModel
+from rt.gpu.planners import DecodePlanner, PrefillPlanner
+from rt.gpu.radix_cache import RadixCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    model_config: ModelConfig
+    eos_token_ids: tuple[int, ...]
+    context_length: int
+    cache: KVCacheManager
+    runner: ModelRunner
+    prefill: PrefillPlanner
+    decode: DecodePlanner
+
+
+def build_parts(config: EngineConfig) -> EngineParts:
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+    dtype = resolve_dtype(config.dtype)
+    if config.model_path is not None and config.model_config is None:
+        files = read_model_dir(config.model_path)
+        model_config, eos = files.config, files.eos_token_ids
+    else:
+        assert config.model_config is not None
+        model_config, eos = config.model_config, config.model_config.eos_token_ids
+    context_length = config.context_length or model_config.max_position_embeddings
+
+    start = time.monotonic()
+    attn_layers = model_config.num_layers
+    if config.load_format == "null":
+        model: object = NullModel(model_config.vocab_size, eos)
+        attn_layers = 0  # no KV is ever computed
+    else:
+        path = Path(config.model_path) if config.model_path is not None else None
+        load_format = "safetensors" if config.load_format == "auto" else config.load_format
+        model = load_model(model_config, path, load_format, dtype, device, seed=config.seed)
+    log.info(
+        "model ready in %.1f s (%s, %s, %s)",
+        time.monotonic() - start,
+        model_config.architecture,
+        dtype,
+        device,
+    )
+
+    ps = config.page_size
+    total_tokens = config.max_total_tokens or _tokens_from_memory(
+        config, model_config, dtype, device
+    )
+    num_pages = max(2, total_tokens // ps + 1)  # + the reserved page 0
+    pool = KVPool(
+        num_pages, ps, attn_layers, model_config.num_kv_heads, model_config.head_dim, dtype, device
+    )
+    allocator = PageAllocator(num_pages, ps)
+    width = min(context_length, (num_pages - 1) * ps)
+    table = ReqTable(config.max_running_requests + 1, width, device)
+    tree = RadixCache(ps, device)
+    cache = KVCacheManager(allocator, table, tree, config.enable_prefix_cache)
+    attn = None
+    if config.load_format != "null":
+        attn = create_attention_backend(
+            config.attention_backend, pool, table.slots, model_config.sliding_windows
+        )
+    runner = ModelRunner(model, attn, device)  # type: ignore[arg-type]
+    prefill = PrefillPlanner(
+        cache,
+        config.schedule_policy,
+        config.max_running_requests,
+        config.max_prefill_tokens,
+        config.chunked_prefill_size,
+    )
+    return EngineParts(
+        model_config, eos, context_length, cache, runner, prefill, DecodePlanner(cache)
+    )
+
+
+def _tokens_from_memory(
+    config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> int:
+    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        free = _host_available_bytes()
+    tokens = int(free * config.mem_fraction) // per_token
+    # more than every running request at full context is never needed (and host RAM is shared)
+    tokens = min(
+        tokens, config.max_running_requests * (config.context_length or cfg.max_position_embeddings)
+    )
+    if tokens < 2 * config.page_size:
+        raise ConfigError(
+            f"mem_fraction={config.mem_fraction} leaves room for {tokens} KV tokens; "
+            "raise it or set max_total_tokens"
+        )
+    log.info("KV pool: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)
+    return tokens
+
+
+def _host_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30

@@ -1,0 +1,160 @@
+"""Build a model and fill its weights: safetensors (sharded or not), dummy, or null."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rt.errors import ConfigError, ModelLoadError
+from rt.gpu.model_config import ModelConfig
+from rt.gpu.models.llama import LlamaForCausalLM
+from rt.gpu.models.rope import rope_inv_freq
+
+log = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy", "null")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"dtype={name!r} is not supported; expected one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_model(
+    cfg: ModelConfig,
+    model_path: str | Path | None,
+    load_format: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+) -> LlamaForCausalLM:
+    """The model on ``device`` in ``dtype``, weights from ``model_path`` or random (dummy)."""
+    if load_format not in LOAD_FORMATS or load_format == "null":
+        raise ConfigError(
+            f"load_format={load_format!r} cannot build a model; expected one of {LOAD_FORMATS[:3]}"
+        )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # inv_freq is a non-persistent buffer: recompute it, meta init left it empty
+    model.rotary.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    if load_format == "dummy":
+        _init_dummy(model, cfg, seed)
+    else:
+        if model_path is None:
+            raise ConfigError("load_format='safetensors' needs a model_path")
+        _load_safetensors(model, Path(model_path))
+    return model.eval()
+
+
+def _init_dummy(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                values = torch.randn(param.shape, generator=gen) * cfg.initializer_range
+                param.copy_(values.to(param.dtype))
+
+
+def shard_files(model_path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, from its index when it is sharded."""
+    index = model_path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as err:
+            raise ModelLoadError(f"{index} is not a valid safetensors index: {err}") from err
+        files = [model_path / name for name in dict.fromkeys(weight_map.values())]
+    else:
+        files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(
+            f"no *.safetensors weights in {model_path}; rt loads safetensors only "
+            "(convert .bin checkpoints, or use load_format='dummy')"
+        )
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ModelLoadError(f"shards named by the index are missing in {model_path}: {missing}")
+    return files
+
+
+def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    progress = _progress(len(files))
+    for i, path in enumerate(files):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                yield name, f.get_tensor(name)
+        progress(i + 1, path.name)
+
+
+def _progress(total: int) -> Callable[[int, str], None]:
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="loading weights", unit="shard")
+
+        def update(done: int, name: str) -> None:
+            bar.update(1)
+            if done == total:
+                bar.close()
+
+        return update
+
+    def log_line(done: int, name: str) -> None:
+        log.info("loaded weights %s (%d/%d shards)", name, done, total)
+
+    return log_line
+
+
+def _load_safetensors(model: LlamaForCausalLM, model_path: Path) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for name, tensor in _iter_tensors(shard_files(model_path)):
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            param = params.get(name)
+            if param is None:
+                unexpected.append(name)
+                continue
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise ModelLoadError(
+                    f"weight {name}: expected shape {tuple(param.shape)}, checkpoint has {tuple(tensor.shape)}"
+                )
+            param.copy_(tensor.to(param.dtype))
+            loaded.add(name)
+    if unexpected:
+        raise ModelLoadError(
+            f"checkpoint has weights this architecture does not use: {unexpected[:5]}"
+        )
+    missing = sorted(set(params) - loaded)
+    if "lm_head.weight" in missing and model.config.tie_word_embeddings:
+        missing.remove("lm_head.weight")
+    if (
+        "model.embed_tokens.weight" in missing
+        and "lm_head.weight" in loaded
+        and model.config.tie_word_embeddings
+    ):
+        missing.remove("model.embed_tokens.weight")
+    if missing:
+        raise ModelLoadError(f"checkpoint lacks weights: {missing[:5]} (of {len(missing)})")

@@ -1,0 +1,97 @@
+"""Turn scheduled requests into a ForwardBatch, run the model, hand back logits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rt.gpu.attention import AttentionBackend
+from rt.gpu.forward_batch import ForwardBatch
+from rt.gpu.models.llama import LlamaForCausalLM
+from rt.gpu.request import Req
+
+
+@dataclass
+class ScheduledReq:
+    """``req`` computes positions ``req.kv_len .. req.kv_len + extend_len`` into ``out_cache_loc``."""
+
+    req: Req
+    extend_len: int
+    out_cache_loc: torch.Tensor
+
+    @property
+    def samples(self) -> bool:
+        return self.req.kv_len + self.extend_len == self.req.seq_len
+
+
+class NullModel:
+    """No forward pass: logits that pick a fixed token per position (never a stop id)."""
+
+    def __init__(self, vocab_size: int, avoid_ids: Sequence[int]) -> None:
+        self.vocab_size = vocab_size
+        self.avoid = set(avoid_ids)
+
+    def token_at(self, position: int) -> int:
+        tok = (position * 7919 + 13) % self.vocab_size
+        while tok in self.avoid:
+            tok = (tok + 1) % self.vocab_size
+        return tok
+
+    def __call__(self, batch: ForwardBatch, attn: AttentionBackend | None) -> torch.Tensor:
+        positions = batch.positions[batch.sample_indices].tolist()
+        logits = torch.zeros(len(positions), self.vocab_size, device=batch.input_ids.device)
+        ids = torch.tensor([self.token_at(p + 1) for p in positions], device=logits.device)
+        return logits.scatter_(1, ids[:, None], 1.0)
+
+
+class ModelRunner:
+    """Owns the model and its attention backend; knows nothing of scheduling."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM | NullModel,
+        attn: AttentionBackend | None,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.attn = attn
+        self.device = device
+
+    def build_batch(
+        self, items: Sequence[ScheduledReq], req_rows_device: torch.device
+    ) -> ForwardBatch:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        sample_indices: list[int] = []
+        total = 0
+        for item in items:
+            req, start, n = item.req, item.req.kv_len, item.extend_len
+            if n == 1 and req.decoding:
+                input_ids.append(req.output_ids[-1])
+            else:
+                input_ids.extend(req.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            total += n
+            if item.samples:
+                sample_indices.append(total - 1)
+        dev = self.device
+        return ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            out_cache_loc=torch.cat([i.out_cache_loc for i in items]).to(dev),
+            req_rows=torch.tensor(
+                [i.req.row for i in items], dtype=torch.int64, device=req_rows_device
+            ),
+            prefix_lens=[i.req.kv_len for i in items],
+            extend_lens=[i.extend_len for i in items],
+            sample_indices=torch.tensor(sample_indices, dtype=torch.int64, device=dev),
+        )
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [num_sampled, vocab] float32."""
+        if isinstance(self.model, NullModel):
+            return self.model(batch, self.attn)
+        assert self.attn is not None
+        return self.model(batch, self.attn)

@@ -1,0 +1,1 @@
+"""Model code (torch) for the Llama family, and the null model."""

@@ -1,0 +1,96 @@
+"""A request's state inside the engine core, and what a step reports about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rt.gpu.radix_cache import TreeNode
+from rt.gpu.sampling_params import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort", "finish"]
+
+
+@dataclass(eq=False)
+class Req:
+    """One sequence being generated (a request with ``n > 1`` is ``n`` of these).
+
+    KV bookkeeping, over positions of ``token_ids`` (prompt + outputs):
+    ``prefix_len`` ≤ ``kv_len`` ≤ ``alloc_len``. Positions below ``prefix_len``
+    (page-aligned) are slots held by the radix tree and locked through
+    ``last_node``; positions ``prefix_len .. alloc_len`` are slots this request
+    owns. ``kv_len`` positions have their KV computed.
+    """
+
+    rid: str
+    index: int
+    input_ids: list[int]
+    params: SamplingParams
+    seed: int
+    priority: int
+    arrival: int
+    output_ids: list[int] = field(default_factory=list)
+    prior_outputs: int = (
+        0  # outputs carried in by a resume: not reported again, not counted in budgets
+    )
+    row: int = -1
+    prefix_len: int = 0
+    kv_len: int = 0
+    alloc_len: int = 0
+    last_slot: int = -1  # slot of position alloc_len - 1 (saves a device read per decode step)
+    last_node: TreeNode | None = None
+    cached_tokens: int | None = None  # the radix hit at first admission
+    finish_reason: FinishReason | None = None
+    matched_stop: int | None = None
+    num_retractions: int = 0
+    decoding: bool = (
+        False  # False while the prompt (or, after a retraction, prompt + outputs) is prefilled
+    )
+    gate: Req | None = None  # an n>1 sibling whose prompt prefill this one waits for
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.rid, self.index)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def num_new(self) -> int:
+        """Tokens produced by this submission."""
+        return len(self.output_ids) - self.prior_outputs
+
+    @property
+    def remaining_new(self) -> int:
+        return self.params.max_new_tokens - self.num_new
+
+
+@dataclass
+class ReqOutput:
+    """What one step produced for one sequence: new tokens, and the finish if it finished."""
+
+    rid: str
+    index: int
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: FinishReason | None = None
+    matched_stop: int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    seed: int = 0
+
+
+@dataclass
+class StepOutput:
+    """Everything one ``step()`` produced, in the order it happened."""
+
+    outputs: list[ReqOutput] = field(default_factory=list)
+    num_tokens: int = 0  # tokens that went through the model
+    forward_mode: Literal["extend", "decode", "idle"] = "idle"

@@ -1,0 +1,178 @@
+"""Vectorised sampling: penalties, filters and seeded Gumbel-max over the whole batch.
+
+A sampled token is a pure function of (seed, position, logits): the noise for
+vocabulary entry v comes from a counter-based hash of (seed, position, v), not
+from a generator whose state depends on what else was in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rt.gpu.sampling_params import SEED_MASK, SamplingParams
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # lowbias32-style finalizer; constants < 2**31 so int64 products never overflow
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x1B873593) & _M32
+    return x ^ (x >> 16)
+
+
+def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Uniforms in (0, 1), [batch, vocab_size] float32, from (seed, position, token id) only."""
+    seeds = seeds.to(torch.int64)
+    row = _mix32(_mix32(_mix32(positions.to(torch.int64) & _M32) ^ (seeds >> 32)) ^ (seeds & _M32))
+    vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    h = _mix32(_mix32(row[:, None] ^ ((vocab * 0x9E3779B1) & _M32)[None, :]) ^ 0x2545F491)
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def child_seed(seed: int, index: int) -> int:
+    """The seed of the ``index``-th of n parallel samples (index 0 keeps the request's seed)."""
+    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) & SEED_MASK
+
+
+@dataclass
+class SampleRow:
+    """What the sampler needs of one request."""
+
+    params: SamplingParams
+    seed: int
+    position: int  # absolute index, in the full sequence, of the token being sampled
+    token_ids: Sequence[int]  # prompt + outputs so far (for repetition penalty)
+    output_ids: Sequence[int]  # outputs so far (for frequency/presence penalties)
+    suppress_ids: Sequence[int]  # ids that must not be sampled now (stop ids before min_new_tokens)
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float] | None
+    top_ids: list[list[int]] | None
+    top_logprobs: list[list[float]] | None
+
+
+def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
+    """logits: [batch, vocab] (any float dtype) → one token per row."""
+    device, (bs, vocab) = logits.device, logits.shape
+    logits = logits.float()
+    params = [r.params for r in rows]
+    want_lp = any(p.logprobs or p.top_logprobs for p in params)
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if want_lp else None
+
+    if any(p.logit_bias for p in params):
+        logits = logits + _dense_bias(params, bs, vocab, device)
+    if any(p.has_penalties for p in params):
+        logits = _apply_penalties(logits, rows)
+    suppress = [(i, t) for i, r in enumerate(rows) for t in r.suppress_ids]
+    if suppress:
+        idx = torch.tensor(suppress, device=device).T
+        logits = logits.index_put((idx[0], idx[1]), torch.tensor(float("-inf"), device=device))
+
+    tokens = logits.argmax(dim=-1)
+    if not all(p.greedy for p in params):
+        greedy = torch.tensor([p.greedy for p in params], device=device)
+        temps = torch.tensor(
+            [p.temperature if p.temperature > 0 else 1.0 for p in params], device=device
+        )
+        scaled = _filter(logits / temps[:, None], params, vocab)
+        u = seeded_uniform(
+            torch.tensor([r.seed for r in rows], device=device),
+            torch.tensor([r.position for r in rows], device=device),
+            vocab,
+        )
+        sampled = (scaled - torch.log(-torch.log(u))).argmax(dim=-1)
+        tokens = torch.where(greedy, tokens, sampled)
+
+    result = SampleResult(tokens.tolist(), None, None, None)
+    if raw_logprobs is not None:
+        result.logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0].tolist()
+        k = max(p.top_logprobs for p in params)
+        if k:
+            top = raw_logprobs.topk(k, dim=-1)
+            result.top_ids = [
+                ids[: p.top_logprobs] for ids, p in zip(top.indices.tolist(), params, strict=True)
+            ]
+            result.top_logprobs = [
+                lp[: p.top_logprobs] for lp, p in zip(top.values.tolist(), params, strict=True)
+            ]
+    return result
+
+
+def _dense_bias(
+    params: Sequence[SamplingParams], bs: int, vocab: int, device: torch.device
+) -> torch.Tensor:
+    bias = torch.zeros(bs, vocab, device=device)
+    for i, p in enumerate(params):
+        if p.logit_bias:
+            bias[i, list(p.logit_bias)] = torch.tensor(list(p.logit_bias.values()), device=device)
+    return bias
+
+
+def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
+    width = max(1, max(len(s) for s in seqs))
+    out = torch.full((len(seqs), width), pad, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.int64)
+    return out.to(device)
+
+
+def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+    bs, vocab = logits.shape
+    device = logits.device
+    freq = torch.tensor([r.params.frequency_penalty for r in rows], device=device)
+    pres = torch.tensor([r.params.presence_penalty for r in rows], device=device)
+    rep = torch.tensor([r.params.repetition_penalty for r in rows], device=device)
+    # pad id `vocab` lands in an extra column that is dropped
+    out_ids = _padded([r.output_ids for r in rows], vocab, device)
+    counts = torch.zeros(bs, vocab + 1, device=device).scatter_add_(
+        1, out_ids, torch.ones_like(out_ids, dtype=torch.float32)
+    )[:, :vocab]
+    logits = logits - freq[:, None] * counts - pres[:, None] * (counts > 0).float()
+    if bool((rep != 1.0).any()):
+        all_ids = _padded([r.token_ids for r in rows], vocab, device)
+        seen = torch.zeros(bs, vocab + 1, dtype=torch.bool, device=device).scatter_(
+            1, all_ids, True
+        )[:, :vocab]
+        penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+        logits = torch.where(seen, penalised, logits)
+    return logits
+
+
+def _filter(logits: torch.Tensor, params: Sequence[SamplingParams], vocab: int) -> torch.Tensor:
+    """Mask (to -inf) tokens outside top-k, top-p and min-p. logits: [batch, vocab], temperature applied."""
+    device = logits.device
+    neg_inf = torch.tensor(float("-inf"), device=device)
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        probs = torch.softmax(logits, dim=-1)
+        logits = torch.where(
+            probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, neg_inf, logits
+        )
+    use_k = any(0 < p.top_k < vocab for p in params)
+    use_p = any(p.top_p < 1.0 for p in params)
+    if not (use_k or use_p):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=device)[None, :]
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if use_k:
+        top_k = torch.tensor(
+            [p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device
+        )
+        drop |= rank >= top_k[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    if use_p:
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens ranked before it already cover top_p; the first always stays
+        drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    return logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
