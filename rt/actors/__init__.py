@@ -1,8 +1,24 @@
 """Supervised actor processes: spawning, supervision, heartbeats, fault injection.
 
-See docs/architecture.md for this package's role. rt/actors knows nothing
-of LLMs: an actor is any :class:`Actor` whose ``run`` reads its inbox rings
-and writes its outboxes in a process of its own.
+rt/actors knows nothing of LLMs: an actor is any :class:`Actor` whose
+``run(ctx)`` reads its inbox rings and writes its outboxes, in a process of
+its own, under ``trio.run``::
+
+    spec = SupervisorSpec(
+        children=(
+            ActorSpec("tok0", TokenizerActor, args=(0,), inboxes=("front-tok0",),
+                      outboxes=("tok0-sched",)),
+            ActorSpec("sched", SchedulerActor, inboxes=("tok0-sched",), restart="permanent"),
+        ),
+        rings=(RingDecl("front-tok0"), RingDecl("tok0-sched")),
+        strategy="rest_for_one", max_restarts=5, max_seconds=60, watchdog_timeout=10,
+    )
+    async with open_supervisor(spec, fault_plan=FaultPlan.from_env()) as sup:
+        tx = RingSender.attach(sup.ring("front-tok0").spec)   # the parent's end
+        sup.status()                                          # frozen snapshot
+        await sup.wait_for(lambda s: s.actor("sched").state is ActorState.RUNNING)
+
+See docs/architecture.md for the package's role.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ An actor is constructed in its child process from its spec's factory and
 arguments (construction and :meth:`Actor.startup` are its start-up: if they
 raise, the supervisor gets :class:`~rt.errors.ActorStartupError` with the
 traceback), then :meth:`Actor.run` runs under ``trio.run`` until it returns
-(a normal exit), raises (a crash), or the supervisor sends SIGTERM (run is
+(a normal exit), raises (a crash; but ``EndOfChannel``, a producer that closed
+its ring cleanly, is a normal exit), or the supervisor sends SIGTERM (run is
 cancelled, a normal exit)::
 
     class Echo(Actor):

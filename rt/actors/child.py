@@ -31,6 +31,7 @@ from rt.actors.actor import ActorContext
 from rt.actors.boot import ChildBoot
 from rt.actors.faults import Faults
 from rt.actors.heartbeat import Heartbeat
+from rt.errors import EndOfChannel
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 70  # the parent was gone before or while we started
@@ -111,6 +112,8 @@ async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
                 await actor.run(ctx)
             except SystemExit as exit:  # sys.exit(n) in an actor: exit n, as in a script
                 code = exit.code if isinstance(exit.code, int) else 1
+            except EndOfChannel:  # a producer closed its ring cleanly: a normal end
+                code = 0
             except Exception:
                 crash = traceback.format_exc()
             nursery.cancel_scope.cancel()

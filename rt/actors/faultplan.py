@@ -12,6 +12,7 @@ A plan is a seed plus rules, loaded from TOML or JSON (a file, or the
     times = 1               # fire at most once per incarnation (0: no limit)
     probability = 1.0       # seeded: the same seed fires the same faults
     incarnation = 1         # only in the first start (or max_incarnation = K)
+    match = "POISON"        # only at hits whose key (faults.point(..., key=text)) contains it
 
 Hit counters and the random stream restart with every incarnation (a
 restarted child is a new process), so "crash once, then recover" is
@@ -62,6 +63,7 @@ class FaultRule:
     exit_code: int = 1
     delay_ms: float = 0.0
     hang: str = "gil"
+    match: str | None = None
 
     def __post_init__(self) -> None:
         try:

@@ -80,12 +80,13 @@ class Faults:
     def __bool__(self) -> bool:
         return bool(self._points)
 
-    def check(self, point: str) -> Verdict:
-        """Pass point ``point``. A delay blocks the thread (use :meth:`point` in trio code)."""
+    def check(self, point: str, key: str | None = None) -> Verdict:
+        """Pass point ``point``. A delay blocks the thread (use :meth:`point` in trio code).
+        ``key`` (say a request's text) is what a rule's ``match`` looks for."""
         rules = self._points.get(point) if self._points else None
         if rules is None:
             return _PASS
-        armed = self._fire(point, rules)
+        armed = self._fire(point, rules, key)
         if armed is None:
             return _PASS
         if armed.rule.action is FaultKind.DELAY:
@@ -93,12 +94,12 @@ class Faults:
             return _PASS
         return self._act(armed)
 
-    async def point(self, point: str) -> Verdict:
+    async def point(self, point: str, key: str | None = None) -> Verdict:
         """Pass point ``point`` from trio code: a delay is a trio sleep."""
         rules = self._points.get(point) if self._points else None
         if rules is None:
             return _PASS
-        armed = self._fire(point, rules)
+        armed = self._fire(point, rules, key)
         if armed is None:
             return _PASS
         if armed.rule.action is FaultKind.DELAY:
@@ -106,10 +107,15 @@ class Faults:
             return _PASS
         return self._act(armed)
 
-    def _fire(self, point: str, rules: list[_Armed]) -> _Armed | None:
-        for armed in rules:  # every rule counts every hit of its point
+    def _fire(self, point: str, rules: list[_Armed], key: str | None) -> _Armed | None:
+        hit = [
+            armed
+            for armed in rules
+            if armed.rule.match is None or (key is not None and armed.rule.match in key)
+        ]
+        for armed in hit:  # every rule counts every hit of its point (that it matches)
             armed.hits += 1
-        for armed in rules:  # the first rule that fires wins the hit
+        for armed in hit:  # the first rule that fires wins the hit
             rule = armed.rule
             if armed.hits <= rule.after or (rule.times and armed.fired >= rule.times):
                 continue

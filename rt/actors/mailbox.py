@@ -43,7 +43,13 @@ class Inbox:
         while True:
             self._beat()
             frame = await self._rx.receive()
-            verdict = await self._faults.point("receive")
+            try:
+                verdict = await self._faults.point("receive")
+            except BaseException:
+                # Cancelled (say, during a planned delay) with the frame in hand:
+                # keep it for the next receive, or it would be committed unhandled.
+                self._again = frame
+                raise
             if verdict is Verdict.PASS:
                 return frame
             if verdict is Verdict.DUPLICATE:
@@ -51,6 +57,29 @@ class Inbox:
                 return frame
             if verdict is Verdict.CORRUPT:
                 return frame._replace(data=corrupt(frame.data))
+
+    def receive_nowait(self) -> Frame:
+        """The next frame already in the ring, or WouldBlock / EndOfChannel. Passes
+        point ``receive`` synchronously (a delay blocks the thread)."""
+        if self._again is not None:
+            frame, self._again = self._again, None
+            return frame
+        while True:
+            frame = self._rx.receive_nowait()
+            verdict = self._faults.check("receive")
+            if verdict is Verdict.PASS:
+                return frame
+            if verdict is Verdict.DUPLICATE:
+                self._again = frame
+                return frame
+            if verdict is Verdict.CORRUPT:
+                return frame._replace(data=corrupt(frame.data))
+
+    def mark(self, frame: Frame) -> int:
+        """Record that ``frame`` is being handled now; returns how many consumers in
+        a row (this one included) started on this very frame: more than 1 means
+        predecessors died with it in hand (see :meth:`rt.shm.RingReceiver.mark`)."""
+        return self._rx.mark(frame)
 
     async def receive_obj(self) -> tuple[Any, Frame]:
         frame = await self.receive()

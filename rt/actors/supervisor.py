@@ -411,7 +411,11 @@ class Supervisor:
     async def _stop_child(self, child: _Child) -> None:
         if child.proc is not None:
             assert isinstance(child.spec, ActorSpec)
-            await child.proc.stop(child.spec.shutdown_grace or self.spec.shutdown_grace)
+            grace = child.spec.shutdown_grace or self.spec.shutdown_grace
+            code = await child.proc.stop(grace)
+            late = f", SIGKILL after {grace:g} s grace" if child.proc.killed_after_grace else ""
+            child.reasons.append(f"stopped by the supervisor ({describe_exit(code)}{late})")
+            child.last_exit_at = child.proc.exited_at
             child.proc = None
         if child.scope is not None and child.done is not None:
             child.scope.cancel()

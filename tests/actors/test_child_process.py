@@ -1,0 +1,97 @@
+"""One child process: how it is started, what it inherits, how start-up fails."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import trio
+from sample_actors import FailingStartup, Idle
+
+from rt.actors import ActorSpec, RingDecl, SupervisorSpec, open_supervisor
+from rt.actors.boot import ChildBoot
+from rt.actors.heartbeat import HeartbeatTable
+from rt.actors.process import spawn
+from rt.errors import ActorStartupError
+from rt.shm.segment import new_run_prefix
+
+
+@pytest.fixture
+def heartbeats() -> Iterator[HeartbeatTable]:
+    table = HeartbeatTable.create(new_run_prefix(), 1)
+    yield table
+    table.close()
+
+
+def _boot(table: HeartbeatTable, factory: object) -> ChildBoot:
+    return ChildBoot(
+        name="solo", factory=factory, args=(), kwargs={}, incarnation=1,
+        heartbeat_segment=table.name, heartbeat_slot=0, heartbeat_interval=0.1,
+        inboxes={}, outboxes={}, fault_plan=None,
+    )  # fmt: skip
+
+
+async def test_startup_error_carries_the_child_traceback(heartbeats: HeartbeatTable) -> None:
+    with pytest.raises(ActorStartupError) as caught, trio.fail_after(20):
+        await spawn(_boot(heartbeats, FailingStartup))
+    assert "actor 'solo'" in str(caught.value) and "raised during start-up" in str(caught.value)
+    assert "RuntimeError: this actor cannot start: boom" in caught.value.child_traceback
+    assert "sample_actors.py" in caught.value.child_traceback
+
+
+async def test_a_child_that_dies_before_ready_is_a_startup_error(
+    heartbeats: HeartbeatTable,
+) -> None:
+    with pytest.raises(ActorStartupError, match=r"exited before reporting ready \(exit code 4\)"):
+        with trio.fail_after(20):
+            await spawn(_boot(heartbeats, _exit_4))
+
+
+def _exit_4() -> None:
+    os._exit(4)
+
+
+async def test_startup_timeout_kills_the_child(heartbeats: HeartbeatTable) -> None:
+    with pytest.raises(ActorStartupError, match=r"did not report ready within 0\.5 s"):
+        with trio.fail_after(20):
+            await spawn(_boot(heartbeats, _sleep_forever), startup_timeout=0.5)
+
+
+def _sleep_forever() -> None:
+    import time
+
+    time.sleep(3600)
+
+
+async def test_child_has_its_own_session_devnull_stdin_and_only_its_fds() -> None:
+    spec = SupervisorSpec(
+        children=(ActorSpec("plain", Idle), ActorSpec("other", Idle)),
+        rings=(RingDecl("unused", 4096),),
+    )
+    async with open_supervisor(spec) as sup:
+        fds = {a.name: _fd_targets(a.pid) for a in sup.status().actors}
+        parent = _fd_targets(os.getpid())
+        for actor in sup.status().actors:
+            pid = actor.pid
+            assert pid is not None
+            assert os.getsid(pid) == pid and os.getpgid(pid) == pid
+            assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+            mine = fds[actor.name]
+            # neither the ring's eventfds (not its inbox or outbox) nor any pidfd
+            assert not mine & {"anon_inode:[eventfd]", "anon_inode:[pidfd]"}
+            # no socket of the parent's (control sockets), none of its sibling's
+            sockets = {t for t in mine if t.startswith("socket:")}
+            assert sockets and not sockets & parent
+            for other, theirs in fds.items():
+                assert other == actor.name or not sockets & theirs
+
+
+def _fd_targets(pid: int | None) -> set[str]:
+    targets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            targets.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            continue
+    return targets

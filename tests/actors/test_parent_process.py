@@ -1,0 +1,113 @@
+"""A supervisor as a process's main: SIGTERM, escalation, and being SIGKILLed."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from rt.actors import ActorSpec, Supervisor, SupervisorSpec
+from rt.shm.segment import list_segments
+
+SCRIPT = Path(__file__).with_name("supervisor_script.py")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """Orphans of the killed script are re-parented to the test process (not to
+    pid 1), so the test can wait for them and reap them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    yield
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+async def _start_script(mode: str) -> tuple[trio.Process, dict]:
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, str(SCRIPT), mode], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    line = b""
+    with trio.fail_after(20):
+        while not line.endswith(b"\n"):
+            chunk = await proc.stdout.receive_some()
+            assert chunk, "the script exited before announcing its children"
+            line += chunk
+    await proc.stdout.aclose()
+    return proc, json.loads(line)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_to_the_parent_stops_everything_and_exits_0(signum: int) -> None:
+    proc, info = await _start_script("idle")
+    assert len(list_segments(info["prefix"])) == 2  # heartbeats and ring "r"
+    proc.send_signal(signum)
+    with trio.fail_after(10):
+        assert await proc.wait() == 0
+    for pid in info["pids"]:
+        assert not os.path.exists(f"/proc/{pid}")
+    assert list_segments(info["prefix"]) == []
+
+
+async def test_escalation_in_a_supervisor_main_exits_non_zero() -> None:
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            [sys.executable, str(SCRIPT), "escalate"],
+            stdin=subprocess.DEVNULL,
+            capture_stderr=True,
+            check=False,
+        )
+    assert result.returncode == 3
+    stderr = result.stderr.decode()
+    assert "rt: supervisor 'root': actor 'doomed' needed more than 1 restarts" in stderr
+    assert "this actor cannot start: boom" in stderr
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return not os.path.exists(f"/proc/{pid}")
+
+
+async def test_children_die_with_a_sigkilled_parent_and_the_next_start_sweeps(
+    subreaper: None,
+) -> None:
+    proc, info = await _start_script("idle")
+    left = list_segments(info["prefix"])
+    assert len(left) == 2
+    proc.kill()
+    await proc.wait()
+    killed_at = trio.current_time()
+    children = set(info["pids"])
+    while children:
+        children = {pid for pid in children if not _dead(pid)}
+        assert trio.current_time() - killed_at < 2.0, f"children {children} outlived their parent"
+        await trio.sleep(0.01)
+    assert list_segments(info["prefix"]) == left  # nobody was left to unlink them
+    async with trio.open_nursery() as nursery:
+        await nursery.start(Supervisor(SupervisorSpec(children=(ActorSpec("x", _noop_actor),))).run)
+        assert list_segments(info["prefix"]) == []
+        nursery.cancel_scope.cancel()
+
+
+def _noop_actor() -> object:
+    from sample_actors import Idle
+
+    return Idle()
+
+
+def test_a_child_whose_parent_is_already_gone_exits_at_once() -> None:
+    # the re-check after arming PR_SET_PDEATHSIG: our parent is not pid 1
+    code = "from rt.actors.child import arm_parent_death; arm_parent_death(1); print('alive')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, check=False)
+    assert result.returncode == 70 and result.stdout == b""

@@ -1,0 +1,278 @@
+"""Supervision with real child processes: strategies, restart types, escalation,
+shutdown, the watchdog, and the status snapshot."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+import trio
+from sample_actors import BlocksSigterm, ExitAfter, FailingStartup, Idle
+
+from rt.actors import (
+    ActorSpec,
+    ActorState,
+    FaultPlan,
+    Restart,
+    Strategy,
+    Supervisor,
+    SupervisorSpec,
+    SupervisorStatus,
+    open_supervisor,
+)
+from rt.errors import ActorStartupError, EscalationError
+
+TIMEOUT = 20  # generous: 2 shared cores; each wait below normally ends in < 1 s
+
+
+def _spec(*children: ActorSpec, **options: object) -> SupervisorSpec:
+    options.setdefault("backoff_initial", 0.01)
+    return SupervisorSpec(children=children, **options)  # type: ignore[arg-type]
+
+
+async def _until(
+    sup: Supervisor, predicate: Callable[[SupervisorStatus], bool]
+) -> SupervisorStatus:
+    with trio.fail_after(TIMEOUT):
+        return await sup.wait_for(predicate)
+
+
+def _running(name: str, incarnation: int) -> Callable[[SupervisorStatus], bool]:
+    def check(status: SupervisorStatus) -> bool:
+        actor = status.actor(name)
+        return actor.incarnation == incarnation and actor.state is ActorState.RUNNING
+
+    return check
+
+
+@pytest.mark.parametrize(
+    ("strategy", "restarted"),
+    [
+        (Strategy.ONE_FOR_ONE, {"b"}),
+        (Strategy.REST_FOR_ONE, {"b", "c"}),
+        (Strategy.ONE_FOR_ALL, {"a", "b", "c"}),
+    ],
+)
+async def test_strategies_restart_the_right_children(
+    strategy: Strategy, restarted: set[str]
+) -> None:
+    spec = _spec(*(ActorSpec(n, Idle) for n in "abc"), strategy=strategy)
+    async with open_supervisor(spec) as sup:
+        before = sup.status()
+        assert [a.state for a in before.actors] == [ActorState.RUNNING] * 3
+        os.kill(before.actor("b").pid, signal.SIGKILL)  # type: ignore[arg-type]
+        after = await _until(sup, _running("b", 2))
+        after = await _until(sup, lambda s: all(a.state is ActorState.RUNNING for a in s.actors))
+        for name in "abc":
+            was, now = before.actor(name), after.actor(name)
+            if name in restarted:
+                assert now.incarnation == 2 and now.pid != was.pid and now.restart_count == 1
+            else:
+                assert now.incarnation == 1 and now.pid == was.pid and now.restart_count == 0
+        assert after.actor("b").last_exit_reason == "killed by SIGKILL"
+        assert after.restarts_in_window == 1
+
+
+async def test_transient_restarts_after_a_crash_but_not_after_a_clean_exit() -> None:
+    spec = _spec(
+        ActorSpec("clean", ExitAfter, kwargs={"code": 0, "delay": 0.1}, restart=Restart.TRANSIENT),
+        ActorSpec("crash", ExitAfter, kwargs={"code": 3, "delay": 0.1}, restart=Restart.TRANSIENT),
+        max_restarts=100,
+    )
+    async with open_supervisor(spec) as sup:
+        status = await _until(
+            sup,
+            lambda s: (
+                s.actor("clean").state is ActorState.STOPPED and s.actor("crash").incarnation >= 2
+            ),
+        )
+        clean = status.actor("clean")
+        assert clean.incarnation == 1 and clean.restart_count == 0
+        assert clean.last_exit_reason == "exit code 0" and clean.pid is None
+        assert status.actor("crash").last_exit_reason == "exit code 3"
+
+
+async def test_permanent_restarts_even_after_a_clean_exit() -> None:
+    spec = _spec(ActorSpec("p", ExitAfter, kwargs={"code": 0, "delay": 0.1}), max_restarts=100)
+    async with open_supervisor(spec) as sup:
+        status = await _until(sup, lambda s: s.actor("p").restart_count >= 1)
+        assert status.actor("p").last_exit_reason == "exit code 0"
+
+
+async def test_temporary_is_never_restarted() -> None:
+    spec = _spec(
+        ActorSpec("t", ExitAfter, kwargs={"code": 5, "delay": 0.05}, restart=Restart.TEMPORARY),
+        ActorSpec("other", Idle),
+    )
+    async with open_supervisor(spec) as sup:
+        status = await _until(sup, lambda s: s.actor("t").state is ActorState.FAILED)
+        assert status.actor("t").restart_count == 0
+        assert status.actor("t").last_exit_reason == "exit code 5"
+        assert status.actor("other").state is ActorState.RUNNING
+        assert not status.healthy
+
+
+async def test_startup_crash_loop_escalates_after_r_restarts() -> None:
+    sup = Supervisor(
+        _spec(ActorSpec("idle", Idle), ActorSpec("doomed", FailingStartup), max_restarts=2)
+    )
+    with pytest.raises(EscalationError) as caught:
+        with trio.fail_after(TIMEOUT):
+            await sup.run()
+    message = str(caught.value)
+    assert "actor 'doomed' needed more than 2 restarts within 60 s" in message
+    assert "startup failed: RuntimeError: this actor cannot start: boom" in message
+    cause = caught.value.__cause__
+    assert isinstance(cause, ActorStartupError)
+    assert 'raise RuntimeError("this actor cannot start: boom")' in cause.child_traceback
+    status = sup.status()
+    assert status.actor("doomed").state is ActorState.FAILED
+    assert status.actor("doomed").restart_count == 2
+    assert status.actor("idle").state is ActorState.STOPPED and status.actor("idle").pid is None
+    assert status.escalated == message
+
+
+async def test_backoff_spaces_out_a_crash_loop() -> None:
+    spec = _spec(
+        ActorSpec("loop", ExitAfter, kwargs={"code": 1}),
+        backoff_initial=0.2,
+        backoff_max=0.4,
+        max_restarts=100,
+    )
+    async with open_supervisor(spec) as sup:
+        first = await _until(sup, _running("loop", 2))
+        later = await _until(sup, lambda s: s.actor("loop").incarnation >= 4)
+    # incarnations 2, 3, 4 waited 0, 0.2 and 0.4 s after their predecessor's exit
+    assert later.actor("loop").last_exit_at - first.actor("loop").ready_at >= 0.2  # type: ignore[operator]
+
+
+async def test_shutdown_stops_in_reverse_order_and_kills_a_child_ignoring_sigterm() -> None:
+    spec = _spec(
+        ActorSpec("polite", Idle), ActorSpec("stubborn", BlocksSigterm), shutdown_grace=0.5
+    )
+    async with open_supervisor(spec) as sup:
+        pids = {a.name: a.pid for a in sup.status().actors}
+        start = trio.current_time()
+    elapsed = trio.current_time() - start
+    assert 0.5 <= elapsed < 0.5 + 3
+    status = sup.status()
+    assert all(a.state is ActorState.STOPPED and a.pid is None for a in status.actors)
+    polite, stubborn = status.actor("polite"), status.actor("stubborn")
+    assert stubborn.last_exit_reason == (
+        "stopped by the supervisor (killed by SIGKILL, SIGKILL after 0.5 s grace)"
+    )
+    assert polite.last_exit_reason == "stopped by the supervisor (exit code 0)"
+    # reverse start order: "polite" was asked to stop only once "stubborn" was gone
+    assert polite.last_exit_at > stubborn.last_exit_at  # type: ignore[operator]
+    for pid in pids.values():
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+async def test_a_polite_child_stops_well_within_the_grace_period() -> None:
+    async with open_supervisor(_spec(ActorSpec("polite", Idle), shutdown_grace=5.0)):
+        start = trio.current_time()
+    assert trio.current_time() - start < 2.0
+
+
+async def test_a_hung_child_is_killed_and_restarted_by_the_watchdog() -> None:
+    plan = FaultPlan.from_dict(
+        {
+            "faults": [
+                {
+                    "actor": "spin",
+                    "point": "loop",
+                    "action": "hang",
+                    "hang": "gil",
+                    "after": 3,
+                    "incarnation": 1,
+                },
+                {
+                    "actor": "nap",
+                    "point": "loop",
+                    "action": "hang",
+                    "hang": "sleep",
+                    "after": 3,
+                    "incarnation": 1,
+                },
+            ]
+        }
+    )
+    timeout = 1.0
+    spec = _spec(ActorSpec("spin", Idle), ActorSpec("nap", Idle), watchdog_timeout=timeout)
+    async with open_supervisor(spec, fault_plan=plan) as sup:
+        first = sup.status()
+        again = await _until(sup, lambda s: _running("spin", 2)(s) and _running("nap", 2)(s))
+        for name in ("spin", "nap"):
+            hang_began = first.actor(name).ready_at + 3 * 0.05  # type: ignore[operator]
+            assert again.actor(name).ready_at - hang_began < timeout + 1.0  # type: ignore[operator]
+            assert again.actor(name).last_exit_reason.startswith("watchdog: no heartbeat for")  # type: ignore[union-attr]
+        # the restarted incarnations run: their heartbeats stay fresh
+        await trio.sleep(timeout * 1.5)
+        status = sup.status()
+        assert status.actor("spin").incarnation == 2
+        assert status.actor("spin").heartbeat_age < timeout  # type: ignore[operator]
+
+
+async def test_status_snapshot_is_frozen_and_complete() -> None:
+    async with open_supervisor(_spec(ActorSpec("a", Idle), name="tree")) as sup:
+        status = sup.status()
+        assert status.name == "tree" and status.strategy == "one_for_one" and status.healthy
+        actor = status.actor("a")
+        assert actor.pid and actor.incarnation == 1 and actor.last_exit_reason is None
+        assert 0 <= actor.heartbeat_age < 5  # type: ignore[operator]
+        with pytest.raises(AttributeError):
+            actor.pid = 1  # type: ignore[misc]
+        with pytest.raises(KeyError, match="no actor named 'b'"):
+            status.actor("b")
+        assert status.running
+    after = sup.status()
+    assert not after.running and not after.healthy
+    assert after.actor("a").state is ActorState.STOPPED and after.actor("a").pid is None
+
+
+async def test_children_stop_when_the_supervisor_is_cancelled() -> None:
+    async with trio.open_nursery() as nursery:
+        sup = await nursery.start(Supervisor(_spec(ActorSpec("a", Idle), ActorSpec("b", Idle))).run)
+        pids = [a.pid for a in sup.status().actors]
+        nursery.cancel_scope.cancel()
+    assert all(pid and not os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert all(a.state is ActorState.STOPPED for a in sup.status().actors)
+
+
+async def test_crash_actions_each_end_the_child_as_described() -> None:
+    plan = FaultPlan.from_dict(
+        {
+            "seed": 1,
+            "faults": [
+                {"actor": "raiser", "point": "loop", "action": "raise"},
+                {"actor": "exiter", "point": "loop", "action": "exit", "exit_code": 7},
+                {"actor": "killer", "point": "loop", "action": "sigkill", "after": 1},
+                {"actor": "segv", "point": "loop", "action": "sigsegv"},
+                {"actor": "oom", "point": "startup", "action": "oom"},
+            ],
+        }
+    )
+    names = ("raiser", "exiter", "killer", "segv", "oom")
+    spec = _spec(*(ActorSpec(n, Idle, restart=Restart.TEMPORARY) for n in names))
+    async with open_supervisor(spec, fault_plan=plan) as sup:
+        status = await _until(sup, lambda s: all(a.state is ActorState.FAILED for a in s.actors))
+    reasons = {a.name: a.last_exit_reason or "" for a in status.actors}
+    assert reasons["raiser"].startswith(
+        "exit code 1 (rt.errors.FaultInjected: fault plan rule 0: raise"
+    )
+    assert reasons["exiter"] == "exit code 7"
+    assert reasons["killer"] == "killed by SIGKILL"
+    assert reasons["segv"] == "killed by SIGSEGV"
+    assert reasons["oom"].startswith("startup failed: MemoryError: fault plan rule 4: oom")
+
+
+async def test_detection_is_immediate() -> None:
+    async with open_supervisor(_spec(ActorSpec("a", Idle))) as sup:
+        pid = sup.status().actor("a").pid
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+        status = await _until(sup, lambda s: s.actor("a").last_exit_at is not None)
+        assert status.actor("a").last_exit_at - killed_at < 0.5  # type: ignore[operator]

@@ -1,0 +1,117 @@
+"""Suite-wide: after every test, assert that it left nothing behind.
+
+* no child process of the test process, running or zombie (every child reaped);
+* no orphan: no other process carrying this session's ``RT_TEST_SESSION``
+  environment tag (inherited by every descendant) still running;
+* no new ``/dev/shm/rt_<this pid>_*`` segment;
+* no new eventfd, pidfd, socket or pipe fd in the test process.
+
+Whatever leaked is cleaned up after the failure is reported, so one leak
+does not fail the tests that follow. A test that must leave something (say
+why) is marked ``@pytest.mark.leaks_ok``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+SESSION_TAG = "RT_TEST_SESSION"
+os.environ.setdefault(SESSION_TAG, str(os.getpid()))
+_TAG = f"{SESSION_TAG}={os.environ[SESSION_TAG]}".encode()
+_WATCHED_FD_KINDS = ("anon_inode:[eventfd]", "anon_inode:[pidfd]", "socket:", "pipe:", "/dev/shm/")
+SETTLE_S = 2.0  # how long a dying process may take to disappear
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "leaks_ok: the test may leave processes, segments or fds (say why)"
+    )
+
+
+def _processes() -> tuple[list[tuple[int, str]], list[int]]:
+    """(our children as (pid, state), running processes carrying our tag but not ours)."""
+    me = os.getpid()
+    children, orphans = [], []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            state, ppid = stat[stat.rindex(b")") + 2 :].split()[:2]
+            if int(ppid) == me:
+                children.append((pid, state.decode()))
+                continue
+            if state == b"Z":
+                continue  # dead, waiting for init to reap it
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if _TAG in f.read().split(b"\0"):
+                    orphans.append(pid)
+        except (OSError, ValueError):
+            continue
+    return children, orphans
+
+
+def _fds() -> dict[int, str]:
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(_WATCHED_FD_KINDS):
+            fds[int(name)] = target
+    return fds
+
+
+def _segments() -> set[str]:
+    prefix = f"rt_{os.getpid()}_"
+    return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
+
+
+def _cleanup(children: list[tuple[int, str]], orphans: list[int], segments: set[str]) -> None:
+    for pid in [pid for pid, _ in children] + orphans:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid, _ in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    for name in segments:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{name}")
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    fds_before, segments_before = _fds(), _segments()
+    yield
+    if request.node.get_closest_marker("leaks_ok"):
+        return
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        children, orphans = _processes()
+        live_children = [c for c in children if c[1] != "Z"]
+        if not (live_children or orphans) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    segments = _segments() - segments_before
+    new_fds = {fd: t for fd, t in _fds().items() if fds_before.get(fd) != t}
+    problems = []
+    if children:
+        problems.append(f"child processes not reaped (pid, state): {children}")
+    if orphans:
+        problems.append(f"orphan processes still running {SETTLE_S} s after the test: {orphans}")
+    if segments:
+        problems.append(f"shared-memory segments left in /dev/shm: {sorted(segments)}")
+    if new_fds:
+        problems.append(f"fds left open: {new_fds}")
+    if problems:
+        _cleanup(children, orphans, segments)
+        pytest.fail("the test leaked:\n  " + "\n  ".join(problems), pytrace=False)
