@@ -7,10 +7,18 @@ docs/architecture.md for its role.
 
 from __future__ import annotations
 
-from rt.gpu.engine import EngineCore
+from rt.gpu.engine import EngineCore, EngineStats
 from rt.gpu.engine_config import EngineConfig
 from rt.gpu.model_config import ModelConfig
 from rt.gpu.request import ReqOutput, StepOutput
 from rt.gpu.sampling_params import SamplingParams
 
-__all__ = ["EngineConfig", "EngineCore", "ModelConfig", "ReqOutput", "SamplingParams", "StepOutput"]
+__all__ = [
+    "EngineConfig",
+    "EngineCore",
+    "EngineStats",
+    "ModelConfig",
+    "ReqOutput",
+    "SamplingParams",
+    "StepOutput",
+]

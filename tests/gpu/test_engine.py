@@ -1,0 +1,146 @@
+"""Engine core behaviour: policies, limits, finish reasons, abort/finish, validation, null model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gpu_testlib import drain, greedy, make_engine, prompts, run_all
+
+from rt.errors import ConfigError, InvalidRequestError
+from rt.gpu import EngineConfig, EngineCore, ModelConfig, SamplingParams
+
+
+def null_engine(path: Path, **kwargs: object) -> EngineCore:
+    kwargs.setdefault("max_total_tokens", 4096)
+    return EngineCore(EngineConfig(model_path=path, load_format="null", **kwargs))  # type: ignore[arg-type]
+
+
+def first_admitted(engine: EngineCore) -> str:
+    step = engine.step()
+    assert step.forward_mode == "extend"
+    return step.outputs[0].rid
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "lpm"])
+def test_policies_pick_the_expected_request(checkpoints: dict[str, Path], policy: str) -> None:
+    engine = null_engine(checkpoints["llama"], max_running_requests=1, schedule_policy=policy)
+    shared = list(range(10, 50))
+    run_all(engine, {"warm": ([*shared, 3], greedy(2))})
+    engine.add_request("old", list(range(60, 90)), greedy(2), priority=0)
+    engine.add_request("vip", list(range(90, 120)), greedy(2), priority=5)
+    engine.add_request("hit", [*shared, 4, 5], greedy(2), priority=1)
+    expected = {"fcfs": "old", "priority": "vip", "lpm": "hit"}[policy]
+    assert first_admitted(engine) == expected
+    drain(engine)
+    engine.check_integrity()
+
+
+def test_max_running_requests_and_prefill_budget(checkpoints: dict[str, Path]) -> None:
+    engine = null_engine(checkpoints["llama"], max_running_requests=2, max_prefill_tokens=1000)
+    for i, p in enumerate(prompts(4, [20, 20, 20, 20])):
+        engine.add_request(f"r{i}", p, greedy(5, ignore_eos=True))
+    res = drain(engine, max_steps=1)
+    assert (engine.num_running, engine.num_waiting) == (2, 2)
+    res = drain(engine, results=res)
+    assert all(len(r["tokens"]) == 5 for r in res.values())
+
+
+def test_finish_reasons_and_min_new_tokens(checkpoints: dict[str, Path]) -> None:
+    engine = make_engine(checkpoints["llama"])
+    p = prompts(1, [12], seed=5)[0]
+    free_run = run_all(engine, {"a": (p, greedy(8, ignore_eos=True))})["a"]["tokens"]
+    stop_at = free_run[3]
+    res = run_all(engine, {"b": (p, greedy(8, stop_token_ids=(stop_at,)))})["b"]
+    assert res["final"].finish_reason == "stop" and res["final"].matched_stop == stop_at
+    assert res["tokens"] == free_run[: free_run.index(stop_at) + 1]
+    res = run_all(engine, {"c": (p, greedy(8))})["c"]
+    assert res["final"].finish_reason == "length" and res["final"].completion_tokens == 8
+    # the stop id cannot appear before min_new_tokens
+    res = run_all(engine, {"d": (p, greedy(8, stop_token_ids=(stop_at,), min_new_tokens=6))})["d"]
+    assert stop_at not in res["tokens"][:6]
+
+
+def test_abort_and_external_finish(checkpoints: dict[str, Path]) -> None:
+    engine = make_engine(checkpoints["qwen2"], chunked_prefill_size=8)
+    ps = prompts(3, [30, 10, 10], seed=6)
+    engine.add_request("chunked", ps[0], greedy(50, ignore_eos=True))
+    engine.add_request("running", ps[1], greedy(50, ignore_eos=True))
+    engine.add_request("waiting", ps[2], greedy(50, ignore_eos=True))
+    engine.step()  # the first chunk of "chunked" only
+    assert engine.chunked is not None
+    engine.abort("chunked")
+    engine.abort("waiting")
+    engine.abort("unknown")
+    step = engine.step()
+    reasons = {o.rid: o.finish_reason for o in step.outputs if o.finish_reason}
+    assert reasons == {"chunked": "abort", "waiting": "abort"}
+    engine.check_integrity()
+    res = drain(engine, max_steps=3)
+    engine.finish("running")
+    res = drain(engine, results=res)
+    assert res["running"]["final"].finish_reason == "finish"
+    assert 0 < len(res["running"]["tokens"]) < 50
+    assert not engine.has_work
+    # the rid can be reused once finished
+    run_all(engine, {"running": (ps[1], greedy(2))})
+
+
+def test_add_request_validation(checkpoints: dict[str, Path]) -> None:
+    engine = null_engine(checkpoints["llama"])
+    with pytest.raises(InvalidRequestError, match="at least one token"):
+        engine.add_request("a", [], greedy(2))
+    with pytest.raises(InvalidRequestError, match=r"token ids in \[0, 256\), got 300"):
+        engine.add_request("a", [1, 300], greedy(2))
+    with pytest.raises(InvalidRequestError, match="top_k"):
+        engine.add_request("a", [1], SamplingParams(top_k=1.5))  # type: ignore[arg-type]
+    engine.add_request("a", [1, 2], greedy(2))
+    with pytest.raises(InvalidRequestError, match="already in flight"):
+        engine.add_request("a", [1, 2], greedy(2))
+    with pytest.raises(ConfigError, match="schedule_policy"):
+        EngineConfig(model_path=checkpoints["llama"], schedule_policy="sjf")
+    with pytest.raises(ConfigError, match="attention_backend='flashinfer' is not available"):
+        make_engine(checkpoints["llama"], attention_backend="flashinfer")
+
+
+def test_null_model_emits_fixed_tokens_without_forward(checkpoints: dict[str, Path]) -> None:
+    cfg = ModelConfig.from_dir(checkpoints["llama"])
+    engine = EngineCore(
+        EngineConfig(model_config=cfg, load_format="null", max_total_tokens=384, page_size=16)
+    )
+    res = run_all(engine, {f"r{i}": (p, greedy(20)) for i, p in enumerate(prompts(8, [30] * 8))})
+    assert all(len(r["tokens"]) == 20 for r in res.values())
+    assert res["r0"]["tokens"] == res["r1"]["tokens"]  # a function of the position only
+    assert engine.num_retractions > 0  # 8 × 50 tokens do not fit 384 with pages of 16
+
+
+def test_abort_from_another_thread_while_stepping(checkpoints: dict[str, Path]) -> None:
+    """The scheduler actor steps in a worker thread and aborts from its own."""
+    import threading
+
+    engine = null_engine(checkpoints["llama"])
+    for i, p in enumerate(prompts(4, [10, 12, 14, 16])):
+        engine.add_request(f"r{i}", p, greedy(400, ignore_eos=True))
+    results: dict[str, dict[str, object]] = {}
+    worker = threading.Thread(target=lambda: results.update(drain(engine)))
+    worker.start()
+    for i in range(4):
+        engine.abort(f"r{i}")
+    worker.join(timeout=60)
+    assert not worker.is_alive() and not engine.has_work
+    assert all(r["final"].finish_reason in ("abort", "length") for r in results.values())  # type: ignore[union-attr]
+    engine.check_integrity()
+
+
+def test_pool_sized_from_memory_fraction(checkpoints: dict[str, Path]) -> None:
+    engine = EngineCore(
+        EngineConfig(
+            model_path=checkpoints["llama"],
+            load_format="null",
+            mem_fraction=0.01,
+            max_running_requests=2,
+        )
+    )
+    # capped at every running request at full context (2 × 512 here)
+    assert 0 < engine.max_total_tokens <= 2 * 512
+    run_all(engine, {"a": ([5, 6, 7], greedy(4))})

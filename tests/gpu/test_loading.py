@@ -1,0 +1,135 @@
+"""Model directories: sharded weights, tokenizer files, stop ids, errors; dummy weights and dtypes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from gpu_testlib import greedy, make_engine, prompts, run_all
+
+from rt.errors import ModelLoadError, UnsupportedModelError
+from rt.gpu import EngineConfig, EngineCore, ModelConfig
+from rt.gpu.model_dir import load_tokenizer, read_model_dir
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        checkpoints["qwen3"], dtype=torch.float32
+    )
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    ps = {f"r{i}": (p, greedy(6)) for i, p in enumerate(prompts(2, [7, 19], seed=8))}
+    one = run_all(make_engine(checkpoints["qwen3"]), ps)
+    sharded = run_all(make_engine(tmp_path / "sharded"), ps)
+    assert {k: v["tokens"] for k, v in one.items()} == {k: v["tokens"] for k, v in sharded.items()}
+
+
+def test_loading_logs_progress_without_a_terminal(
+    checkpoints: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="rt.gpu"):
+        make_engine(checkpoints["llama"])
+    assert "loaded weights model.safetensors (1/1 shards)" in caplog.text
+
+
+def test_tokenizer_chat_template_and_generation_config(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    path = tmp_path / "model"
+    shutil.copytree(checkpoints["llama"], path)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(
+        ["hello world", "the quick brown fox"] * 20,
+        trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>", "<s>", "</s>"]),
+    )
+    tok.save(str(path / "tokenizer.json"))
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    p = prompts(1, [10], seed=9)[0]
+    tokens = run_all(make_engine(path), {"a": (p, greedy(8, ignore_eos=True))})["a"]["tokens"]
+    stop = next(t for t in tokens[2:] if t != 2)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop, 2]}))
+    files = read_model_dir(path)
+    assert files.eos_token_ids == (stop, 2)
+    assert files.chat_template == template
+    assert load_tokenizer(files).encode("hello world").tokens == ["hello", "world"]
+    engine = make_engine(path)
+    assert engine.model_files is not None and engine.model_files.chat_template == template
+    res = run_all(engine, {"a": (p, greedy(8))})["a"]
+    assert res["final"].finish_reason == "stop" and res["tokens"][-1] == stop
+
+
+def test_errors_name_the_problem(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
+    with pytest.raises(ModelLoadError, match=r"config\.json"):
+        make_engine(tmp_path)
+    bad = tmp_path / "gpt2"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"GPT2LMHeadModel.*LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+    ):
+        make_engine(bad)
+    raw = json.loads((checkpoints["llama"] / "config.json").read_text())
+    yarn = tmp_path / "yarn"
+    yarn.mkdir()
+    (yarn / "config.json").write_text(
+        json.dumps({**raw, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}})
+    )
+    with pytest.raises(UnsupportedModelError, match="rope type 'yarn'"):
+        make_engine(yarn)
+    no_weights = tmp_path / "noweights"
+    no_weights.mkdir()
+    shutil.copy(checkpoints["llama"] / "config.json", no_weights)
+    with pytest.raises(ModelLoadError, match=r"no \*\.safetensors weights"):
+        make_engine(no_weights)
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.json not found"):
+        load_tokenizer(read_model_dir(checkpoints["llama"]))
+    wrong = tmp_path / "wrong"
+    shutil.copytree(checkpoints["llama"], wrong)
+    (wrong / "config.json").write_text(json.dumps({**raw, "intermediate_size": 96}))
+    with pytest.raises(ModelLoadError, match="expected shape"):
+        make_engine(wrong)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_dummy_weights_in_each_dtype(checkpoints: dict[str, Path], dtype: str) -> None:
+    cfg = ModelConfig.from_dir(checkpoints["mistral"])
+    reqs = {
+        f"r{i}": (p, greedy(6, ignore_eos=True)) for i, p in enumerate(prompts(2, [9, 20], seed=10))
+    }
+
+    def build() -> EngineCore:
+        return EngineCore(
+            EngineConfig(
+                model_config=cfg,
+                load_format="dummy",
+                dtype=dtype,
+                max_total_tokens=256,
+                page_size=16,
+            )
+        )
+
+    engine = build()
+    assert engine.cache.tree is not None and engine.runner.model.lm_head.weight.dtype == getattr(
+        torch, dtype
+    )  # type: ignore[union-attr]
+    first = run_all(engine, reqs)
+    assert all(len(r["tokens"]) == 6 for r in first.values())
+    assert run_all(build(), reqs) == first  # dummy weights are seeded
+
+
+def test_tied_embeddings_share_storage(checkpoints: dict[str, Path]) -> None:
+    model = make_engine(checkpoints["qwen2"]).runner.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # type: ignore[union-attr]
