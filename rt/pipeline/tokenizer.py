@@ -17,6 +17,7 @@ from __future__ import annotations
 import trio
 
 from rt.actors import Actor, ActorContext
+from rt.actors.mailbox import Inbox
 from rt.errors import RequestFailedError, WouldBlock
 from rt.messages import GenerateRequest, Refused
 from rt.shm import Frame, codec
@@ -87,10 +88,10 @@ class TokenizerActor(Actor):
                     self._drain(inbox, frames)
         return frames
 
-    def _drain(self, inbox: object, frames: list[Frame]) -> None:
+    def _drain(self, inbox: Inbox, frames: list[Frame]) -> None:
         while len(frames) < self.max_batch:
             try:
-                frames.append(inbox.receive_nowait())  # type: ignore[attr-defined]
+                frames.append(inbox.receive_nowait())
             except WouldBlock:
                 return
 

@@ -247,6 +247,7 @@ class RingReceiver(Endpoint):
             data, self._sides[end] = _read_side(data)
         self._read = end
         self._ends.append(end)
+        self._received += 1
         in_use = head - slots[layout.TAIL_SLOT]
         if in_use > self._peak:
             self._peak = in_use

@@ -78,6 +78,8 @@ async def test_a_full_ring_parks_the_sender_until_the_receiver_commits(pair) -> 
             received.append(int.from_bytes(frame.data[:4], "little"))
             rx.commit(frame)
     assert received == list(range(200))
+    assert tx.statistics().frames_sent == rx.statistics().frames_received == 200
+    assert rx.statistics().frames_committed == 200
     assert tx.statistics().sleeps >= 1
     assert tx.statistics().peak_bytes_in_use <= CAP
 

@@ -65,7 +65,12 @@ def ring() -> Ring:
 @pytest.mark.slow
 async def test_a_million_frames_of_random_sizes_arrive_intact(ring: Ring) -> None:
     n = int(os.environ.get("RT_RING_FRAMES", 1_000_000))
-    rx = RingReceiver.attach(ring.spec)
+    with RingReceiver.attach(ring.spec) as rx:
+        await receive_and_check(ring, rx, n)
+    assert list_segments(ring.spec.name + "_x") == [], "a side segment outlived its frame"
+
+
+async def receive_and_check(ring: Ring, rx: RingReceiver, n: int) -> None:
     async with peer(ring, "produce", str(n), "7") as proc:
         expected = frames(n, 7, ring.spec.capacity)
         for seq, tag, rest in expected:
@@ -84,8 +89,6 @@ async def test_a_million_frames_of_random_sizes_arrive_intact(ring: Ring) -> Non
         assert await proc.wait() == 0
     stats = rx.statistics()
     assert stats.frames_received == stats.frames_committed == n
-    rx.close()
-    assert list_segments(ring.spec.name + "_x") == [], "a side segment outlived its frame"
 
 
 async def test_a_killed_consumer_s_successor_receives_every_uncommitted_frame(
