@@ -5,8 +5,8 @@ each array's raw memory — which a ring sender writes straight into the ring,
 so an array's bytes are copied once (into the ring), never into the pickle
 stream. ``loads`` rebuilds the arrays as views of the received frame.
 
-Torch tensors (on CPU) cross as numpy arrays and come back as tensors; this
-module never imports torch itself. ``code=True`` uses cloudpickle, for the
+Numpy arrays and CPU torch tensors (which cross as numpy arrays and come back
+as tensors) go out of band; this module imports neither numpy nor torch. ``code=True`` uses cloudpickle, for the
 rare payload that carries a function; nothing from the network is ever
 unpickled.
 
@@ -19,10 +19,10 @@ stream (it starts with the PROTO opcode, 0x80). Otherwise::
 
 from __future__ import annotations
 
-import io
 import pickle
 import struct
 import sys
+import threading
 from typing import Any
 
 import cloudpickle
@@ -31,6 +31,20 @@ VERSION = 1
 _PROTO = pickle.PROTO[0]
 _HEAD = struct.Struct("<BBHI")
 _PAD = bytes(8)
+
+
+def _rebuild_array(buf: memoryview, dtype: str, shape: tuple[int, ...]) -> Any:
+    import numpy
+
+    return numpy.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def _reduce_array(array: Any) -> Any:
+    # numpy's own reduce costs a Python-level call chain and pickles a dtype
+    # object: 4.9 µs against 3.0 µs for this one on a 1,700-element array.
+    if array.flags.c_contiguous and not array.dtype.hasobject:
+        return _rebuild_array, (pickle.PickleBuffer(array), array.dtype.str, array.shape)
+    return array.__reduce_ex__(5)
 
 
 def _rebuild_tensor(raw: Any, dtype: str, shape: tuple[int, ...]) -> Any:
@@ -49,29 +63,75 @@ def _reduce_tensor(tensor: Any) -> Any:
     return _rebuild_tensor, (raw, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
 
 
-def _pickle(obj: Any, buffers: list[pickle.PickleBuffer]) -> bytes:
-    torch = sys.modules.get("torch")
-    if torch is None:  # the fast path: nothing can be a tensor
-        return pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    # A dispatch table costs a dict lookup per non-atomic object, in C;
-    # reducer_override would cost a Python call per object.
-    stream = io.BytesIO()
-    pickler = pickle.Pickler(stream, protocol=5, buffer_callback=buffers.append)
-    pickler.dispatch_table = {torch.Tensor: _reduce_tensor}
-    pickler.dump(obj)
-    return stream.getvalue()
+class _Sink:
+    write: Any
+
+
+class _Encoder:
+    """A reusable pickler, one per thread: it writes into a list's ``append``
+    (a C call), so a small message costs less than ``pickle.dumps`` (0.65 µs
+    against 0.78 µs). Its dispatch table, a dict lookup per non-atomic object
+    in C, sends arrays and CPU tensors out of band; it is rebuilt when modules
+    have been imported since (numpy or torch may have arrived)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.buffers: list[pickle.PickleBuffer] = []
+        sink = _Sink()
+        sink.write = self.chunks.append
+        self.pickler = pickle.Pickler(sink, 5, buffer_callback=self.buffers.append)
+        self.modules = -1
+
+    def encode(self, obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+        if len(sys.modules) != self.modules:
+            self.modules = len(sys.modules)
+            self.pickler.dispatch_table = _dispatch_table()
+        chunks, buffers = self.chunks, self.buffers
+        self.pickler.clear_memo()
+        try:
+            self.pickler.dump(obj)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            out = buffers[:] if buffers else _NO_BUFFERS
+        finally:
+            chunks.clear()
+            buffers.clear()
+        return body, out
+
+
+_NO_BUFFERS: list[pickle.PickleBuffer] = []
+
+
+def _dispatch_table() -> dict[type, Any]:
+    table: dict[type, Any] = {}
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if numpy is not None:
+        table[numpy.ndarray] = _reduce_array
+    if torch is not None:
+        table[torch.Tensor] = _reduce_tensor
+    return table
+
+
+_local = threading.local()
+
+
+def _encoder() -> _Encoder:
+    try:
+        return _local.encoder
+    except AttributeError:
+        _local.encoder = _Encoder()
+        return _local.encoder
 
 
 def dumps(obj: Any, *, code: bool = False) -> bytes | list[bytes | memoryview]:
     """Serialize ``obj`` for ``RingSender.send``: one ``bytes`` when it holds no
     array (the common, fast case), else a list of buffers to write in turn."""
-    buffers: list[pickle.PickleBuffer] = []
     if code:
+        buffers: list[pickle.PickleBuffer] = []
         body = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     else:
-        body = _pickle(obj, buffers)
+        body, buffers = _encoder().encode(obj)
     if not buffers:
-        return body
+        return body  # a bare pickle stream: it starts with PROTO (0x80)
     raws = [buf.raw() for buf in buffers]
     sizes = [raw.nbytes for raw in raws]
     head = _HEAD.pack(VERSION, 0, len(raws), len(body)) + struct.pack(f"<{len(sizes)}Q", *sizes)

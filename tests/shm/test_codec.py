@@ -74,3 +74,35 @@ def test_a_frame_from_another_version_is_refused() -> None:
     frame[0] = 99
     with pytest.raises(ValueError, match="version 99"):
         codec.loads(frame)
+
+
+def test_arrays_numpy_cannot_share_still_round_trip() -> None:
+    strided = np.arange(20, dtype=np.int64).reshape(4, 5)[:, ::2]  # not contiguous
+    objects = np.array([{"a": 1}, None], dtype=object)
+    fortran = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    out = codec.loads(joined(codec.dumps([strided, objects, fortran])))
+    np.testing.assert_array_equal(out[0], strided)
+    assert out[1].tolist() == [{"a": 1}, None]
+    np.testing.assert_array_equal(out[2], fortran)
+
+
+def test_each_thread_encodes_on_its_own() -> None:
+    import threading
+
+    results: dict[int, object] = {}
+
+    def work(k: int) -> None:
+        for i in range(500):
+            obj = {"k": k, "i": i, "ids": np.full(50, k, dtype=np.int32)}
+            back = codec.loads(joined(codec.dumps(obj)))
+            if back["k"] != k or back["i"] != i or not (back["ids"] == k).all():
+                results[k] = back
+                return
+        results[k] = "ok"
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == dict.fromkeys(range(4), "ok")
