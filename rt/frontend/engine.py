@@ -84,30 +84,19 @@ class Engine:
         Cancelling the awaiting task aborts the request."""
         req = build_request(prompt, options, self.vocab_size)
         updates = await self._submit(req)
-        async with self._request_scope(req.rid):
+        try:
             async for item in updates:
                 if isinstance(item, Refused):
                     raise refusal_error(item)
             return finished_output(self.table.records[req.rid])
+        finally:
+            self._leave(req.rid)
 
-    async def stream(self, prompt: Any = None, **options: Any) -> AsyncIterator[Chunk]:
-        """Yield the text and ids of each sequence as they come (deltas)."""
-        req = build_request(prompt, options, self.vocab_size)
-        updates = await self._submit(req)
-        async with self._request_scope(req.rid):
-            async for item in updates:
-                if isinstance(item, Refused):
-                    raise refusal_error(item)
-                seq = self.table.records[req.rid].seqs[item.index]
-                yield Chunk(
-                    req.rid,
-                    item.index,
-                    item.text,
-                    tuple(item.ids),
-                    seq.finish_reason if item.finished else None,
-                    seq.matched_stop if item.finished else None,
-                    item.stepped_at,
-                )
+    def stream(self, prompt: Any = None, **options: Any) -> Stream:
+        """``async for chunk in engine.stream(...)``: the text and ids of each sequence
+        as they come (deltas). Leaving the loop early, or cancelling the task that
+        iterates, aborts the request."""
+        return Stream(self, build_request(prompt, options, self.vocab_size))
 
     def actors(self) -> tuple[ActorStatus, ...]:
         """Every child: name, pid, state, restart count, last exit reason, heartbeat age."""
@@ -137,18 +126,14 @@ class Engine:
         await self._send(self._to_tok[worker], req)
         return receive
 
-    @asynccontextmanager
-    async def _request_scope(self, rid: str) -> AsyncIterator[None]:
-        """On any early exit (cancellation, an error, an abandoned stream) the
-        request is aborted; either way it leaves the table."""
-        try:
-            yield
-        finally:
-            record = self.table.remove(rid)
-            self._waiters.pop(rid, None)
-            if record is not None and not record.finished:
-                self._queue(self._to_sched, Abort(rid))
-                self._close_streams(record)
+    def _leave(self, rid: str) -> None:
+        """The caller is done with ``rid``: it leaves the table, and if it had not
+        finished (cancellation, an error, an abandoned stream) it is aborted."""
+        record = self.table.remove(rid)
+        self._waiters.pop(rid, None)
+        if record is not None and not record.finished and not self._closing:
+            self._queue(self._to_sched, Abort(rid))
+            self._close_streams(record)
 
     def _deliver(self, record: Record, item: Update | Refused) -> None:
         waiter = self._waiters.get(record.rid)
@@ -210,7 +195,7 @@ class Engine:
         while True:
             try:
                 frame = await rx.receive()
-            except errors.Broken:
+            except (errors.Broken, errors.EndOfChannel):  # the sender is restarting
                 await trio.sleep(RETRY_S)
                 continue
             yield codec.loads(frame.data)
@@ -307,6 +292,65 @@ class Engine:
             end.close()
 
 
+class Stream:
+    """The chunks of one request, as an async iterator (a class, not an async
+    generator: leaving it early then needs no ``aclosing``, and the abort it
+    triggers is synchronous)."""
+
+    def __init__(self, engine: Engine, req: GenerateRequest) -> None:
+        self._engine = engine
+        self._req = req
+        self._updates: trio.MemoryReceiveChannel[Update | Refused] | None = None
+        self._done = False
+
+    @property
+    def rid(self) -> str:
+        return self._req.rid
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._updates is None:
+                self._updates = await self._engine._submit(self._req)
+            try:
+                item = await self._updates.receive()
+            except trio.EndOfChannel:
+                raise StopAsyncIteration from None
+            if isinstance(item, Refused):
+                raise refusal_error(item)
+        except BaseException:
+            self.close()
+            raise
+        seq = self._engine.table.records[self.rid].seqs[item.index]
+        return Chunk(
+            self.rid,
+            item.index,
+            item.text,
+            tuple(item.ids),
+            seq.finish_reason if item.finished else None,
+            seq.matched_stop if item.finished else None,
+            item.stepped_at,
+        )
+
+    def close(self) -> None:
+        """Stop: abort the request if it has not finished."""
+        if not self._done:
+            self._done = True
+            if self._updates is not None:
+                self._engine._leave(self.rid)
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 def refusal_error(refused: Refused) -> errors.RtError:
     cls = getattr(errors, refused.error, None)
     if not (isinstance(cls, type) and issubclass(cls, errors.RtError)):
@@ -325,15 +369,18 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     if isinstance(plan, str):
         plan = FaultPlan.load(plan)
     _, vocab_size = opts.model_limits()
-    async with open_supervisor(spec, fault_plan=plan) as supervisor, trio.open_nursery() as nursery:
+    async with open_supervisor(spec, fault_plan=plan) as supervisor:
         engine = Engine(opts, supervisor, vocab_size)
-        for rx in engine._from_tok:
-            nursery.start_soon(engine.route_tokenized, rx)
-        nursery.start_soon(engine.route_deltas)
-        nursery.start_soon(engine.send_control)
-        nursery.start_soon(engine.watch_restarts)
         try:
-            yield engine
+            async with trio.open_nursery() as nursery:
+                for rx in engine._from_tok:
+                    nursery.start_soon(engine.route_tokenized, rx)
+                nursery.start_soon(engine.route_deltas)
+                nursery.start_soon(engine.send_control)
+                nursery.start_soon(engine.watch_restarts)
+                try:
+                    yield engine
+                finally:
+                    nursery.cancel_scope.cancel()
         finally:
-            nursery.cancel_scope.cancel()
-            engine.close()
+            engine.close()  # after the routing tasks are gone: they use the rings

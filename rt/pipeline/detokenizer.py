@@ -26,6 +26,7 @@ from rt.messages import (
     StreamDeltas,
     stream_key,
 )
+from rt.pipeline.mail import receive, send
 from rt.tok.load import load_tokenizer
 
 STEPS, CONTROL, OUT = "sched-detok", "front-detok", "detok-front"
@@ -49,7 +50,7 @@ class DetokenizerActor(Actor):
     async def _control(self, ctx: ActorContext) -> None:
         inbox = ctx.inbox[CONTROL]
         while True:
-            msg, frame = await inbox.receive_obj()
+            msg, frame = await receive(inbox)
             deltas: list[SeqDelta] = []
             if isinstance(msg, OpenStream):
                 self.keys[msg.key] = (msg.rid, msg.index)
@@ -70,13 +71,13 @@ class DetokenizerActor(Actor):
                 self.waiting.pop(msg.key, None)
                 self.keys.pop(msg.key, None)
             if deltas:
-                await ctx.outbox[OUT].send_obj(StreamDeltas(tuple(deltas)))
+                await send(ctx.outbox[OUT], StreamDeltas(tuple(deltas)))
             inbox.commit(frame)
 
     async def _steps(self, ctx: ActorContext) -> None:
         inbox = ctx.inbox[STEPS]
         while True:
-            msg, frame = await inbox.receive_obj()
+            msg, frame = await receive(inbox)
             assert isinstance(msg, StepTokens), f"unexpected {type(msg).__name__} on {STEPS}"
             ready = []
             for seq in msg.seqs:
@@ -86,8 +87,9 @@ class DetokenizerActor(Actor):
                     self.waiting[stream_key(seq.rid, seq.index)].append(seq)
             deltas = self._apply(ready)
             if deltas or msg.refused or msg.stats:
-                await ctx.outbox[OUT].send_obj(
-                    StreamDeltas(tuple(deltas), msg.refused, msg.stats, msg.stepped_at)
+                await send(
+                    ctx.outbox[OUT],
+                    StreamDeltas(tuple(deltas), msg.refused, msg.stats, msg.stepped_at),
                 )
             inbox.commit(frame)
 

@@ -37,6 +37,7 @@ from rt.messages import (
     SeqTokens,
     StepTokens,
 )
+from rt.pipeline.mail import receive, send
 from rt.shm import Frame
 from rt.tok.core import refuse
 
@@ -70,7 +71,7 @@ class SchedulerActor(Actor):
     async def _receive(self, ctx: ActorContext, name: str) -> None:
         inbox = ctx.inbox[name]
         while True:
-            msg, frame = await inbox.receive_obj()
+            msg, frame = await receive(inbox)
             if isinstance(msg, Scheduled):
                 self.incoming.append((msg, name, frame))
             elif isinstance(msg, Abort | FinishNow):
@@ -94,7 +95,7 @@ class SchedulerActor(Actor):
             await ctx.faults.point("step")
             out = await trio.to_thread.run_sync(self._step, ctx)
             idle = not self.engine.has_work
-            await ctx.outbox[OUT].send_obj(self._frame(out, self._stats() if idle else None))
+            await send(ctx.outbox[OUT], self._frame(out, self._stats() if idle else None))
 
     def _step(self, ctx: ActorContext) -> StepOutput:
         ctx.faults.check("forward")
@@ -132,24 +133,22 @@ class SchedulerActor(Actor):
 
     def _stats(self) -> SchedulerStats:
         """Reported each time the core goes idle, with its KV invariants checked."""
-        engine, page = self.engine, self.config.page_size
         try:
-            engine.check_integrity()
+            self.engine.check_integrity()
             ok = True
         except AssertionError:
             log.exception("KV integrity check failed")
             ok = False
-        free = engine.cache.allocator.num_free * page
-        cached = engine.cache.tree.total_size
+        stats = self.engine.stats()
         return SchedulerStats(
             steps=self.steps,
-            running=engine.num_running,
-            waiting=engine.num_waiting,
-            request_tokens=engine.max_total_tokens - free - cached,
-            cached_tokens=cached,
-            free_tokens=free,
+            running=stats.num_running,
+            waiting=stats.num_waiting,
+            request_tokens=stats.max_total_tokens - stats.free_tokens - stats.cached_tokens,
+            cached_tokens=stats.cached_tokens,
+            free_tokens=stats.free_tokens,
             integrity_ok=ok,
-            retractions=engine.num_retractions,
+            retractions=stats.num_retractions,
         )
 
     def _frame(self, out: StepOutput, stats: SchedulerStats | None = None) -> StepTokens:

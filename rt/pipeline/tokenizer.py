@@ -18,8 +18,9 @@ import trio
 
 from rt.actors import Actor, ActorContext
 from rt.actors.mailbox import Inbox
-from rt.errors import RequestFailedError, WouldBlock
+from rt.errors import Broken, EndOfChannel, RequestFailedError, WouldBlock
 from rt.messages import GenerateRequest, Refused
+from rt.pipeline.mail import RETRY_S, send
 from rt.shm import Frame, codec
 from rt.tok.core import TokenizerCore, refuse
 from rt.tok.load import load_tokenizer
@@ -71,28 +72,35 @@ class TokenizerActor(Actor):
                     refused.append(result)
                     continue
                 scheduled, tokenized = result
-                await ctx.outbox[self.to_scheduler].send_obj(scheduled)
-                await ctx.outbox[self.to_frontend].send_obj(tokenized)
+                await send(ctx.outbox[self.to_scheduler], scheduled)
+                await send(ctx.outbox[self.to_frontend], tokenized)
             for msg in refused:
-                await ctx.outbox[self.to_frontend].send_obj(msg)
+                await send(ctx.outbox[self.to_frontend], msg)
             inbox.commit(frames[-1])
 
     async def _batch(self, ctx: ActorContext) -> list[Frame]:
         inbox = ctx.inbox[self.inbox]
-        frames = [await inbox.receive()]
+        frames = [await self._first(inbox)]
         self._drain(inbox, frames)
         if len(frames) > 1:  # a queue formed: worth waiting a little for more
             with trio.move_on_after(self.batch_wait_s):
                 while len(frames) < self.max_batch:
-                    frames.append(await inbox.receive())
+                    frames.append(await self._first(inbox))
                     self._drain(inbox, frames)
         return frames
+
+    async def _first(self, inbox: Inbox) -> Frame:
+        while True:
+            try:
+                return await inbox.receive()
+            except (Broken, EndOfChannel):  # the frontend's end is restarting or closing
+                await trio.sleep(RETRY_S)
 
     def _drain(self, inbox: Inbox, frames: list[Frame]) -> None:
         while len(frames) < self.max_batch:
             try:
                 frames.append(inbox.receive_nowait())
-            except WouldBlock:
+            except (WouldBlock, EndOfChannel):
                 return
 
 

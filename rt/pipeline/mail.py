@@ -1,0 +1,37 @@
+"""Receiving and sending objects in a supervised pipeline.
+
+Every ring of the pipeline outlives the processes at its ends. When a peer
+dies its ring reads as broken (or, if it closed it on the way out, as ended)
+until the supervisor's restart attaches a successor; an actor waits that
+out instead of failing, so one death never cascades.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from rt.actors.mailbox import Inbox, Outbox
+from rt.errors import Broken, EndOfChannel
+from rt.shm import Frame, codec
+
+RETRY_S = 0.02  # how often to look again while a peer restarts
+
+
+async def receive(inbox: Inbox) -> tuple[Any, Frame]:
+    while True:
+        try:
+            return await inbox.receive_obj()
+        except (Broken, EndOfChannel):
+            await trio.sleep(RETRY_S)
+
+
+async def send(outbox: Outbox, obj: Any) -> None:
+    data = codec.dumps(obj)
+    while True:
+        try:
+            await outbox.send(data)
+            return
+        except Broken:  # the reader is gone (with a full ring, or having closed it)
+            await trio.sleep(RETRY_S)
