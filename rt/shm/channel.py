@@ -337,11 +337,18 @@ class RingReceiver(Endpoint):
     def mark(self, frame: Frame) -> int:
         """Record that ``frame`` is being handled now. Returns how many consumers
         in a row, this one included, started handling this very frame: 1 the
-        first time; more when predecessors died with it in hand (a poison frame)."""
+        first time; more when predecessors died with it in hand (a poison frame).
+
+        Frames are handled in order, so a frame before the marked one is one a
+        predecessor got past: marking it again (a successor redoing a batch)
+        leaves the mark where the predecessor died."""
         slots = self._slots
-        count = slots[layout.MARK_COUNT] + 1 if slots[layout.MARK_OFFSET] == frame.offset + 1 else 1
+        marked = slots[layout.MARK_OFFSET] - 1  # stored + 1: zero means "no mark"
+        if frame.offset < marked:
+            return 1
+        count = slots[layout.MARK_COUNT] + 1 if frame.offset == marked else 1
         slots[layout.MARK_COUNT] = count
-        slots[layout.MARK_OFFSET] = frame.offset + 1  # + 1: zero means "no mark"
+        slots[layout.MARK_OFFSET] = frame.offset + 1
         return count
 
     def set_sleeping(self, value: int) -> None:

@@ -219,10 +219,11 @@ async def test_a_poison_request_fails_alone(tiny_model, tmp_path: Path) -> None:
             except RequestFailedError as err:
                 results[name] = err
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(one, "poison", "a POISON prompt")
+        async with trio.open_nursery() as nursery:  # the poison mid-batch: the hard case
             for i in range(6):
                 nursery.start_soon(one, f"ok{i}", PROMPTS[i])
+                if i == 2:
+                    nursery.start_soon(one, "poison", "a POISON prompt")
         assert isinstance(results.pop("poison"), RequestFailedError)
         assert all(r.meta.completion_tokens == 8 for r in results.values())
         assert next(a for a in engine.actors() if a.name == "tokenizer0").restart_count == 3
