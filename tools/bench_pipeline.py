@@ -7,7 +7,8 @@ tokenizer, the scheduler's loop, the detokenizer, and back to the caller.
   * tokens/s through the pipeline with 1 and 256 concurrent streams;
   * latency from the scheduler's step to the caller's chunk (p50/p99);
   * the tokenizer's dynamic batching: requests/s at concurrency 64, with
-    batching (up to 64 per call) and without (1 per call), in one run.
+    batching (up to 64 per call) and without (1 per call), in one run; and the
+    tokenizer worker's own work (64 requests per call vs 1), in this process.
 
     python tools/bench_pipeline.py [--model-path DIR] [--tokens 64] [--quick] [--json]
 """
@@ -67,6 +68,26 @@ async def requests_per_s(engine: rt.Engine, concurrency: int, count: int) -> flo
     return count / (time.perf_counter() - start)
 
 
+def tokenizer_core(model_path: str | None, count: int) -> dict[str, float]:
+    """The tokenizer worker's own work, in this process: 64 requests per call vs 1."""
+    from rt.config import EngineOptions
+    from rt.messages import GenerateRequest
+    from rt.tok.core import TokenizerCore
+    from rt.tok.load import load_tokenizer
+
+    opts = EngineOptions.build(model_path=model_path)
+    context, vocab = opts.model_limits()
+    core = TokenizerCore(load_tokenizer(opts.resolved_tokenizer_path()), context, vocab)
+    reqs = [GenerateRequest(str(i), text=f"{PROMPT} request number {i}") for i in range(count)]
+    out = {}
+    for label, size in (("batched", 64), ("unbatched", 1)):
+        start = time.perf_counter()
+        for i in range(0, count, size):
+            core.process(reqs[i : i + size])
+        out[f"tokenizer_core_{label}_req_per_s"] = count / (time.perf_counter() - start)
+    return out
+
+
 async def bench(model_path: str | None, tokens: int, quick: bool, rounds: int) -> dict[str, Any]:
     common: dict[str, Any] = dict(
         load_format="null", max_total_tokens=1 << 20, max_running_requests=512
@@ -87,6 +108,10 @@ async def bench(model_path: str | None, tokens: int, quick: bool, rounds: int) -
             out[f"tokenizer_{label}_req_per_s"] = statistics.median(runs)
     out["tokenizer_batching_speedup"] = (
         out["tokenizer_batched_req_per_s"] / out["tokenizer_unbatched_req_per_s"]
+    )
+    out.update(tokenizer_core(model_path, 640 if quick else 6400))
+    out["tokenizer_core_batching_speedup"] = (
+        out["tokenizer_core_batched_req_per_s"] / out["tokenizer_core_unbatched_req_per_s"]
     )
     return out
 
