@@ -50,6 +50,9 @@ class EngineOptions(BaseModel):
     max_restarts: int = Field(5, ge=0)
     restart_window: float = Field(60.0, gt=0)
     max_crashes_per_request: int = Field(3, ge=1)
+    restart_wait_timeout: float = Field(
+        60.0, gt=0, description="how long a new request waits for a restarting actor"
+    )
     fault_plan: Any = Field(None, description="a FaultPlan, or a path to one (JSON or TOML)")
     ring_capacity: int = Field(1 << 22, ge=1 << 12)
 

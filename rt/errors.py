@@ -21,7 +21,8 @@ The tree::
     │   ├── InvalidRequestError(ValueError)   bad parameters: says what was expected and what arrived
     │   ├── ContextOverflowError      prompt + max_new_tokens do not fit the context or the KV pool
     │   ├── RequestAborted            the request was aborted (client gone, admin abort)
-    │   └── RequestFailedError        in flight for K consecutive crashes (a poison request)
+    │   ├── RequestFailedError        in flight for K consecutive crashes (a poison request)
+    │   └── ServiceUnavailableError   an actor it needs did not come back within the wait
     └── EngineShutdownError           the engine is stopping and accepts nothing new
 
 As in trio, "you closed it" (``Closed``) and "the peer broke it" (``Broken``)
@@ -123,3 +124,7 @@ class RequestFailedError(RequestError):
 
 class EngineShutdownError(RtError):
     """The engine is shutting down and accepts no new work."""
+
+
+class ServiceUnavailableError(RequestError):
+    """A new request waited for a restarting actor longer than ``restart_wait_timeout``."""

@@ -83,10 +83,9 @@ class Faults:
     def check(self, point: str, key: str | None = None) -> Verdict:
         """Pass point ``point``. A delay blocks the thread (use :meth:`point` in trio code).
         ``key`` (say a request's text) is what a rule's ``match`` looks for."""
-        rules = self._points.get(point) if self._points else None
-        if rules is None:
+        if not self._points:  # no plan: the hot path
             return _PASS
-        armed = self._fire(point, rules, key)
+        armed = self._armed(point, key)
         if armed is None:
             return _PASS
         if armed.rule.action is FaultKind.DELAY:
@@ -96,16 +95,20 @@ class Faults:
 
     async def point(self, point: str, key: str | None = None) -> Verdict:
         """Pass point ``point`` from trio code: a delay is a trio sleep."""
-        rules = self._points.get(point) if self._points else None
-        if rules is None:
+        if not self._points:  # no plan: the hot path
             return _PASS
-        armed = self._fire(point, rules, key)
+        armed = self._armed(point, key)
         if armed is None:
             return _PASS
         if armed.rule.action is FaultKind.DELAY:
             await trio.sleep(armed.rule.delay_ms / 1000)
             return _PASS
         return self._act(armed)
+
+    def _armed(self, point: str, key: str | None) -> _Armed | None:
+        """The rule that fires at this hit of ``point``, if any."""
+        rules = self._points.get(point)
+        return None if rules is None else self._fire(point, rules, key)
 
     def _fire(self, point: str, rules: list[_Armed], key: str | None) -> _Armed | None:
         hit = [

@@ -50,13 +50,9 @@ class Inbox:
                 # keep it for the next receive, or it would be committed unhandled.
                 self._again = frame
                 raise
-            if verdict is Verdict.PASS:
-                return frame
-            if verdict is Verdict.DUPLICATE:
-                self._again = frame
-                return frame
-            if verdict is Verdict.CORRUPT:
-                return frame._replace(data=corrupt(frame.data))
+            out = self._apply(verdict, frame)
+            if out is not None:
+                return out
 
     def receive_nowait(self) -> Frame:
         """The next frame already in the ring, or WouldBlock / EndOfChannel. Passes
@@ -66,14 +62,20 @@ class Inbox:
             return frame
         while True:
             frame = self._rx.receive_nowait()
-            verdict = self._faults.check("receive")
-            if verdict is Verdict.PASS:
-                return frame
-            if verdict is Verdict.DUPLICATE:
-                self._again = frame
-                return frame
-            if verdict is Verdict.CORRUPT:
-                return frame._replace(data=corrupt(frame.data))
+            out = self._apply(self._faults.check("receive"), frame)
+            if out is not None:
+                return out
+
+    def _apply(self, verdict: Verdict, frame: Frame) -> Frame | None:
+        """What a fault plan's verdict makes of a received frame (None: dropped)."""
+        if verdict is Verdict.PASS:
+            return frame
+        if verdict is Verdict.DUPLICATE:
+            self._again = frame
+            return frame
+        if verdict is Verdict.CORRUPT:
+            return frame._replace(data=corrupt(frame.data))
+        return None
 
     def mark(self, frame: Frame) -> int:
         """Record that ``frame`` is being handled now; returns how many consumers in

@@ -119,12 +119,27 @@ class Engine:
     async def _submit(self, req: GenerateRequest) -> trio.MemoryReceiveChannel[Update | Refused]:
         if self._closing:
             raise errors.EngineShutdownError("the engine is shutting down; no new requests")
+        await self._wait_healthy()
         self.table.add(req)
         send, receive = trio.open_memory_channel[Update | Refused](math.inf)
         self._waiters[req.rid] = send
         worker = next(self._round_robin) % len(self._to_tok)
         await self._send(self._to_tok[worker], req)
         return receive
+
+    async def _wait_healthy(self) -> None:
+        """A new request waits while an actor restarts, at most ``restart_wait_timeout``."""
+        if self._sup.status().healthy:
+            return
+        timeout = self.options.restart_wait_timeout
+        with trio.move_on_after(timeout):
+            await self._sup.wait_for(lambda status: status.healthy)
+            return
+        down = [a.name for a in self._sup.status().actors if a.state is not ActorState.RUNNING]
+        raise errors.ServiceUnavailableError(
+            f"{', '.join(down) or 'an actor'} did not come back within {timeout:g} s "
+            "(restart_wait_timeout); try again later"
+        )
 
     def _leave(self, rid: str) -> None:
         """The caller is done with ``rid``: it leaves the table, and if it had not

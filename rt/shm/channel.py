@@ -171,10 +171,6 @@ class RingSender(Endpoint):
         """Close this side: the receiver gets EndOfChannel once it has read every frame."""
         self._close_mapping(self.spec.data_fd)
 
-    async def aclose(self) -> None:
-        self.close()
-        await trio.lowlevel.checkpoint()
-
     def _room(self) -> int:
         return layout.free(self._head(), self._tail(), self.spec.capacity)
 
@@ -368,10 +364,6 @@ class RingReceiver(Endpoint):
     def close(self) -> None:
         """Close this side. Uncommitted frames stay in the ring for a successor."""
         self._close_mapping(self.spec.space_fd)
-
-    async def aclose(self) -> None:
-        self.close()
-        await trio.lowlevel.checkpoint()
 
     def __aiter__(self) -> RingReceiver:
         return self

@@ -14,6 +14,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+import trio
+
 from rt.errors import SegmentError
 from rt.shm import layout
 from rt.shm.doorbell import Doorbell
@@ -244,3 +246,7 @@ class Endpoint:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()

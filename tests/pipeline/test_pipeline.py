@@ -13,6 +13,7 @@ import pytest
 import trio
 
 import rt
+import rt.actors
 from rt.errors import InvalidRequestError, RequestFailedError
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
 from rt.tok.load import load_tokenizer
@@ -293,3 +294,69 @@ async def test_shutdown_with_requests_in_flight_is_clean(tiny_model) -> None:
             await got_chunk.wait()
             nursery.cancel_scope.cancel()
     # the suite's leak fixture asserts: no child process, segment or fd is left
+
+
+async def test_two_tokenizer_workers_n_samples_logprobs_and_stop_tokens(tiny_model) -> None:
+    reqs = requests(12, seeded=True)
+    want = core_outputs(tiny_model, reqs)
+    async with rt.open_engine(str(tiny_model), tokenizer_workers=2, **OPTIONS) as engine:
+        assert {a.name for a in engine.actors()} >= {"tokenizer0", "tokenizer1"}
+        outs = await generate_all(engine, reqs)  # round-robin over both workers
+        assert [list(o.output_ids) for o in outs] == want
+        multi = await engine.generate(
+            PROMPTS[1],
+            n=3,
+            max_new_tokens=12,
+            temperature=1.0,
+            seed=5,
+            ignore_eos=True,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        assert len(multi.choices) == 3 and len({c.output_ids for c in multi.choices}) > 1
+        for choice in multi.choices:
+            assert len(choice.output_ids) == 12
+            assert choice.logprobs is not None and len(choice.logprobs) == 12
+            assert all(lp <= 0.0 for lp in choice.logprobs)
+            assert choice.top_logprobs is not None and all(len(t) == 2 for t in choice.top_logprobs)
+        stop_id = want[0][5]
+        cut = await engine.generate(reqs[0][0], **{**reqs[0][1], "stop_token_ids": [stop_id]})
+        first = want[0].index(stop_id)
+        assert list(cut.output_ids) == want[0][: first + 1]  # the stop token is included
+        assert (cut.finish_reason, cut.matched_stop) == ("stop", stop_id)
+
+
+async def test_bad_options_are_refused_before_anything_starts(tiny_model) -> None:
+    with pytest.raises(rt.errors.ConfigError, match="page_size"):
+        async with rt.open_engine(str(tiny_model), page_size=0):
+            pass
+    with pytest.raises(rt.errors.ConfigError, match="no_such_option"):
+        async with rt.open_engine(str(tiny_model), no_such_option=1):
+            pass
+
+
+@pytest.mark.slow
+async def test_a_new_request_waits_for_a_restarting_actor_but_not_forever(
+    tiny_model, tmp_path: Path
+) -> None:
+    plan = tmp_path / "plan.json"  # the second tokenizer hangs in its start-up
+    rule = {
+        "actor": "tokenizer0",
+        "point": "startup",
+        "action": "hang",
+        "hang": "sleep",
+        "incarnation": 2,
+    }
+    plan.write_text(json.dumps({"seed": 1, "faults": [rule]}))
+    async with rt.open_engine(
+        str(tiny_model), fault_plan=str(plan), restart_wait_timeout=1.0, **OPTIONS
+    ) as engine:
+        await engine.generate("before", max_new_tokens=2)
+        os.kill(pid_of(engine, "tokenizer0"), signal.SIGKILL)
+        await engine.supervisor.wait_for(
+            lambda s: s.actor("tokenizer0").state is not rt.actors.ActorState.RUNNING
+        )
+        start = time.monotonic()
+        with pytest.raises(rt.errors.ServiceUnavailableError, match="tokenizer0"):
+            await engine.generate("during", max_new_tokens=2)
+        assert 0.9 < time.monotonic() - start < 10
