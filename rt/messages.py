@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rt.detok.incremental import DetokParams
 from rt.gpu.sampling_params import SamplingParams
 
 ChatMessage = dict[str, Any]
@@ -27,13 +28,6 @@ ChatMessage = dict[str, Any]
 
 def as_ids(ids: Any) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
-
-
-@dataclass(frozen=True)
-class DetokOptions:
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,7 +39,7 @@ class GenerateRequest:
     input_ids: tuple[int, ...] | None = None
     messages: tuple[ChatMessage, ...] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    detok: DetokOptions = field(default_factory=DetokOptions)
+    detok: DetokParams = field(default_factory=DetokParams)
     allow_auto_truncate: bool = False
     priority: int = 0
 
@@ -100,7 +94,7 @@ class OpenStream:
     rid: str
     index: int
     prompt_tail: np.ndarray
-    detok: DetokOptions
+    detok: DetokParams
     prior_ids: np.ndarray
 
     @property

@@ -10,10 +10,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rt.detok.incremental import DetokParams
 from rt.errors import InvalidRequestError
 from rt.frontend.table import Record
 from rt.gpu.sampling_params import SEED_MASK, SamplingParams
-from rt.messages import DetokOptions, GenerateRequest
+from rt.messages import GenerateRequest
 from rt.outputs import Completion, GenerateOutput, Meta
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -67,7 +68,7 @@ def build_request(prompt: Any, options: Mapping[str, Any], vocab_size: int) -> G
         input_ids=input_ids,
         messages=messages,
         sampling=sampling,
-        detok=DetokOptions(
+        detok=DetokParams(
             bool(options.get("skip_special_tokens", True)),
             bool(options.get("spaces_between_special_tokens", True)),
             stop,

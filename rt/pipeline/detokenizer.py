@@ -16,7 +16,7 @@ import numpy as np
 import trio
 
 from rt.actors import Actor, ActorContext
-from rt.detok.incremental import DetokParams, IncrementalDetokenizer, TextDelta, TokenUpdate
+from rt.detok.incremental import IncrementalDetokenizer, TextDelta, TokenUpdate
 from rt.messages import (
     CloseStream,
     OpenStream,
@@ -54,13 +54,8 @@ class DetokenizerActor(Actor):
             deltas: list[SeqDelta] = []
             if isinstance(msg, OpenStream):
                 self.keys[msg.key] = (msg.rid, msg.index)
-                params = DetokParams(
-                    msg.detok.skip_special_tokens,
-                    msg.detok.spaces_between_special_tokens,
-                    msg.detok.stop,
-                )
                 merged = self.detok.open(
-                    msg.key, msg.prompt_tail.tolist(), params, msg.prior_ids.tolist()
+                    msg.key, msg.prompt_tail.tolist(), msg.detok, msg.prior_ids.tolist()
                 )
                 deltas = [self._opened(msg.key, d) for d in merged]
                 early = self.waiting.pop(msg.key, [])

@@ -142,15 +142,7 @@ class RingSender(Endpoint):
                 ring_data = self._ring.data
                 _HEADER.pack_into(ring_data, start, n, layout.KIND_INLINE)
                 ring_data[start + layout.FRAME_HEADER : start + layout.FRAME_HEADER + n] = data
-                slots[layout.HEAD_SLOT] = head + need  # publish: one 8-byte store
-                self._sent += 1
-                in_use = head + need - slots[layout.TAIL_SLOT]
-                if in_use > self._peak:
-                    self._peak = in_use
-                with FENCE:  # order the publish before the load of the consumer's flag
-                    pass
-                if slots[layout.CONSUMER_SLEEPING]:
-                    self._ring_peer(layout.CONSUMER_SLEEPING, self.spec.data_fd)
+                self._publish(head + need)
                 return
         self._send(as_chunks(data), block_ok=False)
 
@@ -215,7 +207,13 @@ class RingSender(Endpoint):
         else:
             body = _write_side(side_name, chunks, length)
             new_head = self._ring.write_frame(head, layout.KIND_SIDE, [body], body.nbytes)
-        slots[layout.HEAD_SLOT] = new_head  # publish: one 8-byte store
+        self._publish(new_head)
+        return 0
+
+    def _publish(self, new_head: int) -> None:
+        """Make the frames written up to ``new_head`` visible, and wake a parked consumer."""
+        slots = self._slots
+        slots[layout.HEAD_SLOT] = new_head  # one 8-byte store: the frame's bytes are before it
         self._sent += 1
         in_use = new_head - slots[layout.TAIL_SLOT]
         if in_use > self._peak:
@@ -224,7 +222,6 @@ class RingSender(Endpoint):
             pass
         if slots[layout.CONSUMER_SLEEPING]:
             self._ring_peer(layout.CONSUMER_SLEEPING, self.spec.data_fd)
-        return 0
 
 
 class RingReceiver(Endpoint):
