@@ -73,6 +73,7 @@ class Engine:
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
         self._round_robin = itertools.count()
         self._closing = False
+        self._scheduler_epoch = 0  # scheduler restarts seen
         self._stats: SchedulerStats | None = None
         self._stats_changed = trio.Event()
 
@@ -120,11 +121,16 @@ class Engine:
         if self._closing:
             raise errors.EngineShutdownError("the engine is shutting down; no new requests")
         await self._wait_healthy()
-        self.table.add(req)
+        self.table.add(req).epoch = self._scheduler_epoch
         send, receive = trio.open_memory_channel[Update | Refused](math.inf)
         self._waiters[req.rid] = send
         worker = next(self._round_robin) % len(self._to_tok)
-        await self._send(self._to_tok[worker], req)
+        try:
+            await self._send(self._to_tok[worker], req)
+        except BaseException:  # cancelled while the ring was full: the request never left
+            self.table.remove(req.rid)
+            self._waiters.pop(req.rid, None)
+            raise
         return receive
 
     async def _wait_healthy(self) -> None:
@@ -182,6 +188,12 @@ class Engine:
                     self.table.on_tokenized(msg)
                     for op in self.table.open_streams(record):
                         self._queue(self._to_detok, op)
+                    if record.epoch != self._scheduler_epoch:
+                        # The scheduler restarted after it may have taken this request in
+                        # (from the tokenizer's ring) but before these ids reached the table,
+                        # so the restart could not resubmit it: do it now (a duplicate is
+                        # recognised by rid).
+                        self._resubmit(record)
             elif isinstance(msg, Refused):
                 self._fail(msg)
 
@@ -262,14 +274,21 @@ class Engine:
                         "scheduler crashes in a row; it fails alone so that the others go on",
                     )
                 )
-            for sub in self.table.resubmissions():
-                self._queue(self._to_sched, sub)
+            self._scheduler_epoch += 1
+            for record in self.table.live():
+                self._resubmit(record)
         elif name == DETOKENIZER:
             self._drain(self._from_detok, self._on_deltas)
             for record in self.table.live():
                 if record.input_ids is not None:
                     for op in self.table.open_streams(record):
                         self._queue(self._to_detok, op)
+
+    def _resubmit(self, record: Record) -> None:
+        sub = self.table.resubmission(record)
+        if sub is not None:  # else its ids are unknown: their arrival will resubmit it
+            record.epoch = self._scheduler_epoch
+            self._queue(self._to_sched, sub)
 
     @staticmethod
     def _drain(rx: RingReceiver, handle: Callable[[Any], None]) -> None:

@@ -64,6 +64,7 @@ class Record:
     finished_at: float | None = None
     error: Refused | None = None
     stalled_crashes: int = 0  # scheduler crashes in a row with no new token in between
+    epoch: int = 0  # the scheduler incarnation (as the frontend counts) it was last sent to
 
     @property
     def rid(self) -> str:
@@ -156,28 +157,28 @@ class RequestTable:
         A request with ``n > 1`` starts again from its prompt: its sequences hold
         different outputs, and with its seed it regenerates the same tokens, which
         the merge recognises by offset."""
-        out = []
-        for record in self.live():
-            if record.input_ids is None:
-                continue
-            sampling = record.req.sampling
-            if sampling.seed is None and record.seqs[0].seed is not None:
-                sampling = replace(sampling, seed=record.seqs[0].seed)
-            prior: tuple[np.ndarray, ...] = ()
-            if sampling.n == 1:
-                done = len(record.seqs[0].output_ids)
-                if done >= sampling.max_new_tokens:
-                    continue  # its last token is on its way
-                sampling = replace(
-                    sampling,
-                    max_new_tokens=sampling.max_new_tokens - done,
-                    min_new_tokens=max(0, sampling.min_new_tokens - done),
-                )
-                prior = (np.asarray(record.seqs[0].output_ids, dtype=np.int64),)
-            out.append(
-                Scheduled(record.rid, record.input_ids, sampling, record.req.priority, prior)
+        return [sub for r in self.live() if (sub := self.resubmission(r)) is not None]
+
+    def resubmission(self, record: Record) -> Scheduled | None:
+        """``record`` as prompt + tokens so far (None: its prompt ids are not known yet,
+        or its last token is already on its way)."""
+        if record.input_ids is None:
+            return None
+        sampling = record.req.sampling
+        if sampling.seed is None and record.seqs[0].seed is not None:
+            sampling = replace(sampling, seed=record.seqs[0].seed)
+        prior: tuple[np.ndarray, ...] = ()
+        if sampling.n == 1:
+            done = len(record.seqs[0].output_ids)
+            if done >= sampling.max_new_tokens:
+                return None
+            sampling = replace(
+                sampling,
+                max_new_tokens=sampling.max_new_tokens - done,
+                min_new_tokens=max(0, sampling.min_new_tokens - done),
             )
-        return out
+            prior = (np.asarray(record.seqs[0].output_ids, dtype=np.int64),)
+        return Scheduled(record.rid, record.input_ids, sampling, record.req.priority, prior)
 
     def open_streams(self, record: Record) -> list[OpenStream]:
         """The detokenizer streams of one request, with the output it already has

@@ -360,3 +360,26 @@ async def test_a_new_request_waits_for_a_restarting_actor_but_not_forever(
         with pytest.raises(rt.errors.ServiceUnavailableError, match="tokenizer0"):
             await engine.generate("during", max_new_tokens=2)
         assert 0.9 < time.monotonic() - start < 10
+
+
+@pytest.mark.slow
+async def test_a_request_the_dead_scheduler_took_before_the_frontend_knew_its_ids(
+    tiny_model, tmp_path: Path
+) -> None:
+    """The scheduler admits a request (and commits its frame), then dies; the
+    frontend learns the prompt's ids only after the restart, so the restart
+    could not resubmit it: the late ids must."""
+    plan = tmp_path / "plan.json"
+    rules = [  # the tokenizer's 2nd send (ids to the frontend) is late; the scheduler dies
+        {"actor": "tokenizer0", "point": "send", "action": "delay", "delay_ms": 8000, "after": 1},
+        {"actor": "scheduler", "point": "step", "action": "sigkill", "incarnation": 1},
+    ]
+    plan.write_text(json.dumps({"seed": 1, "faults": rules}))
+    want = core_outputs(tiny_model, requests(1, seeded=False))[0]
+    async with rt.open_engine(str(tiny_model), fault_plan=str(plan), **OPTIONS) as engine:
+        with trio.fail_after(60):
+            out = await engine.generate(
+                *requests(1, seeded=False)[0][:1], **requests(1, False)[0][1]
+            )
+        assert list(out.output_ids) == want
+        assert next(a for a in engine.actors() if a.name == "scheduler").restart_count == 1
