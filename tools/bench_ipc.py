@@ -5,6 +5,8 @@ Transports:
   zmq           pyzmq PUSH/PULL over ipc://, pickled dicts of lists (what SGLang sends)
   zmq_rt_codec  the same ZMQ sockets carrying rt's codec (tells the codec's gain apart)
   mp_queue      multiprocessing.Queue, pickled dicts of lists
+  rt_batched    rt rings with 32 messages per frame (one-way throughput only), as rt's
+                actors send: one frame per scheduler step, one per tokenizer batch
 
 Payloads: small = a tokenized request (32-char id + 20 token ids, ~200 B pickled);
 large = one step's output for 64 requests (id + ~27 token ids each, ~8 KB pickled).
@@ -40,6 +42,7 @@ from rt.errors import WouldBlock
 from rt.shm import Ring, RingReceiver, RingSender, RingSpec, codec, new_run_prefix
 
 TRANSPORTS = ("rt", "zmq", "zmq_rt_codec", "mp_queue")
+BATCH = 32  # rt_batched: messages per frame, the way rt's actors send (a step, a batch)
 
 
 def small_message() -> dict[str, Any]:
@@ -148,6 +151,10 @@ async def rt_child(mode: str, payload: str, n: int, addr: str) -> None:
         msg = message(payload, "rt")
         for _ in range(n):
             await send(msg)
+    elif mode == "batched":
+        batch = [message(payload, "rt") for _ in range(BATCH)]  # distinct: no pickle memo
+        for _ in range(n // BATCH):
+            await send(batch)
     else:
         for _ in range(n):
             await send(await recv())
@@ -162,8 +169,8 @@ async def rt_child(mode: str, payload: str, n: int, addr: str) -> None:
 @dataclasses.dataclass
 class Result:
     msgs_per_s: float
-    rtt_p50_us: float
-    rtt_p99_us: float
+    rtt_p50_us: float | None  # None: not measured (rt_batched)
+    rtt_p99_us: float | None
 
 
 async def measure(
@@ -176,6 +183,14 @@ async def measure(
 ) -> list[float]:
     """Throughput: [msgs/s]. Ping-pong: every round trip in seconds."""
     await send("go")
+    if mode == "batched":  # frames of BATCH messages: count messages
+        await recv()
+        start = time.perf_counter()
+        for _ in range(n // BATCH - 1):
+            await recv()
+        elapsed = time.perf_counter() - start
+        await send("done")
+        return [(n // BATCH - 1) * BATCH / elapsed]
     if mode == "throughput":
         await recv()
         start = time.perf_counter()
@@ -304,6 +319,8 @@ def bench(rounds: int, quick: bool) -> dict[str, dict[str, Result]]:
             out[payload][transport] = Result(
                 statistics.median(tps), statistics.median(p50s), statistics.median(p99s)
             )
+        batched = [run_rt("batched", payload, n_tp)[0] for _ in range(rounds)]
+        out[payload]["rt_batched"] = Result(statistics.median(batched), None, None)
     return out
 
 
@@ -315,9 +332,15 @@ def table(results: dict[str, dict[str, Result]]) -> str:
     for payload, by_transport in results.items():
         zmq_r = by_transport["zmq"]
         for name, r in by_transport.items():
+            rtt = (
+                f"{r.rtt_p50_us:11.1f} {r.rtt_p99_us:11.1f} "
+                f"{r.rtt_p50_us / (zmq_r.rtt_p50_us or 1):10.2f}x"
+                if r.rtt_p50_us is not None and r.rtt_p99_us is not None
+                else f"{'-':>11} {'-':>11} {'-':>11}"
+            )
             lines.append(
-                f"{payload:8} {name:13} {r.msgs_per_s:10.0f} {r.msgs_per_s / zmq_r.msgs_per_s:6.2f}x "
-                f"{r.rtt_p50_us:11.1f} {r.rtt_p99_us:11.1f} {r.rtt_p50_us / zmq_r.rtt_p50_us:10.2f}x"
+                f"{payload:8} {name:13} {r.msgs_per_s:10.0f} "
+                f"{r.msgs_per_s / zmq_r.msgs_per_s:6.2f}x {rtt}"
             )
     return "\n".join(lines)
 
