@@ -26,10 +26,6 @@ from rt.gpu.sampling_params import SamplingParams
 ChatMessage = dict[str, Any]
 
 
-def as_ids(ids: Any) -> np.ndarray:
-    return np.asarray(ids, dtype=np.int64)
-
-
 @dataclass(frozen=True)
 class GenerateRequest:
     """A request as the caller made it: exactly one of text, input_ids, messages."""

@@ -183,9 +183,8 @@ class Engine:
     async def route_tokenized(self, rx: RingReceiver) -> None:
         async for msg in self._frames(rx):
             if isinstance(msg, Tokenized):
-                record = self.table.records.get(msg.rid)
-                if record is not None and record.input_ids is None:
-                    self.table.on_tokenized(msg)
+                record = self.table.on_tokenized(msg)
+                if record is not None:
                     for op in self.table.open_streams(record):
                         self._queue(self._to_detok, op)
                     if record.epoch != self._scheduler_epoch:

@@ -96,10 +96,12 @@ class RequestTable:
     # ---- what arrives -----------------------------------------------------------
 
     def on_tokenized(self, msg: Tokenized) -> Record | None:
+        """Take the prompt's ids; returns the record if they are news (not a duplicate)."""
         record = self.records.get(msg.rid)
-        if record is not None and record.input_ids is None:
-            record.input_ids, record.truncated = msg.input_ids, msg.truncated
-            record.prompt_tokens = len(msg.input_ids)
+        if record is None or record.input_ids is not None:
+            return None
+        record.input_ids, record.truncated = msg.input_ids, msg.truncated
+        record.prompt_tokens = len(msg.input_ids)
         return record
 
     def on_refused(self, msg: Refused) -> Record | None:
@@ -149,19 +151,14 @@ class RequestTable:
 
     # ---- recovery ---------------------------------------------------------------
 
-    def resubmissions(self) -> list[Scheduled]:
-        """After a scheduler crash: every live request whose prompt ids are known, as
-        prompt + tokens so far with the remaining budget and the same seed. (Requests
-        still being tokenized reach the new scheduler from the tokenizer's ring.)
+    def resubmission(self, record: Record) -> Scheduled | None:
+        """After a scheduler crash: ``record`` as prompt + tokens so far, with the
+        remaining budget and the same seed (None: its prompt ids are not known yet,
+        or its last token is already on its way).
 
         A request with ``n > 1`` starts again from its prompt: its sequences hold
         different outputs, and with its seed it regenerates the same tokens, which
         the merge recognises by offset."""
-        return [sub for r in self.live() if (sub := self.resubmission(r)) is not None]
-
-    def resubmission(self, record: Record) -> Scheduled | None:
-        """``record`` as prompt + tokens so far (None: its prompt ids are not known yet,
-        or its last token is already on its way)."""
         if record.input_ids is None:
             return None
         sampling = record.req.sampling

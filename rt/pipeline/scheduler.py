@@ -84,7 +84,9 @@ class SchedulerActor(Actor):
                 self.incoming.append((msg, name, frame))
             elif isinstance(msg, Abort | FinishNow):
                 # Remembered, so that a request still waiting to be admitted is
-                # skipped; the core ends it if it is already in.
+                # skipped; the core ends it if it is already in. The commit also
+                # releases resubmissions received before it on this ring and not yet
+                # admitted: if this scheduler dies first, the next restart resends them.
                 self._remember(msg.rid)
                 (self.engine.abort if isinstance(msg, Abort) else self.engine.finish)(msg.rid)
                 inbox.commit(frame)

@@ -19,7 +19,8 @@ def delta(rid: str, tok_off: int, ids: list[int], txt_off: int, text: str, **kw)
 def table() -> RequestTable:
     table = RequestTable(max_crashes=2)
     table.add(GenerateRequest("a", text="hi", sampling=SamplingParams(max_new_tokens=8)))
-    table.on_tokenized(Tokenized("a", np.arange(10, 20)))
+    assert table.on_tokenized(Tokenized("a", np.arange(10, 20))) is not None
+    assert table.on_tokenized(Tokenized("a", np.arange(5))) is None, "a duplicate is no news"
     return table
 
 
@@ -52,7 +53,9 @@ def test_rids_are_unique(table) -> None:
 def test_a_resubmission_carries_the_output_and_the_drawn_seed(table) -> None:
     table.on_delta(delta("a", 0, [1, 2, 3], 0, "abc", seed=1234))
     table.add(GenerateRequest("untokenized", text="still at the tokenizer"))
-    (sub,) = table.resubmissions()
+    assert table.resubmission(table.records["untokenized"]) is None
+    sub = table.resubmission(table.records["a"])
+    assert sub is not None
     assert sub.rid == "a" and sub.input_ids.tolist() == list(range(10, 20))
     assert [o.tolist() for o in sub.output_ids] == [[1, 2, 3]]
     assert sub.sampling.seed == 1234

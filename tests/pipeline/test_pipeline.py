@@ -375,11 +375,10 @@ async def test_a_request_the_dead_scheduler_took_before_the_frontend_knew_its_id
         {"actor": "scheduler", "point": "step", "action": "sigkill", "incarnation": 1},
     ]
     plan.write_text(json.dumps({"seed": 1, "faults": rules}))
-    want = core_outputs(tiny_model, requests(1, seeded=False))[0]
+    ((prompt, params),) = requests(1, seeded=False)
+    (want,) = core_outputs(tiny_model, [(prompt, params)])
     async with rt.open_engine(str(tiny_model), fault_plan=str(plan), **OPTIONS) as engine:
         with trio.fail_after(60):
-            out = await engine.generate(
-                *requests(1, seeded=False)[0][:1], **requests(1, False)[0][1]
-            )
+            out = await engine.generate(prompt, **params)
         assert list(out.output_ids) == want
         assert next(a for a in engine.actors() if a.name == "scheduler").restart_count == 1
