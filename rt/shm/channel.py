@@ -27,7 +27,15 @@ import trio
 from rt.errors import Broken, Closed, EndOfChannel, SegmentError, WouldBlock
 from rt.shm import layout
 from rt.shm.doorbell import Doorbell
-from rt.shm.ring import FENCE, Endpoint, Frame, RingSpec, fence, side_prefix
+from rt.shm.ring import (
+    Endpoint,
+    Frame,
+    RingSpec,
+    fence,
+    fence_acquire,
+    fence_release,
+    side_prefix,
+)
 from rt.shm.segment import Segment, unlink
 
 Payload: TypeAlias = "bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]"
@@ -42,7 +50,10 @@ SPIN_HOT_S = 250e-6
 HOT_GAP_S = 1e-3
 LIVENESS_S = 0.2  # a parked endpoint checks its peer this often
 _SIDE = struct.Struct("<Q")
-_HEADER = struct.Struct("<II")  # a frame's (payload length, kind), as in layout
+SMALL_FRAME = 4096  # received as bytes (one C call); bigger ones as a writable bytearray
+_HEAD, _TAIL, _DATA = layout.HEAD_SLOT, layout.TAIL_SLOT, layout.DATA_OFFSET
+_CONSUMER_SLEEPING, _CONSUMER_CLOSED = layout.CONSUMER_SLEEPING, layout.CONSUMER_CLOSED
+_new_tuple = tuple.__new__  # builds a Frame in C: half the cost of Frame(...)
 
 
 def as_chunks(data: Payload) -> list[memoryview]:
@@ -123,27 +134,38 @@ class RingSender(Endpoint):
         self._waiting_for = 0
         self._full_message = f"ring {spec.name!r} has no room for this frame"
         self._waiter = Waiter(spec.space_fd, self._set_sleeping)
+        self._data = self._ring.data
+        self._words = self._ring.words
+        self._tail_seen = self._tail()
 
     def send_nowait(self, data: Payload) -> None:
         """Publish one frame, or raise WouldBlock if the ring has no room for it."""
-        if type(data) is bytes and not self._closed:
-            # The common case, kept flat: one bytes object, inline, not wrapping.
-            slots = self._slots
+        if type(data) is bytes:
+            # The common case, kept flat: one bytes object, inline, not wrapping
+            # (``_max_inline`` is -1 once closed). The room check trusts the tail
+            # we last read (the consumer's cache line stays put) and re-reads it
+            # only when that shows too little.
             n = len(data)
-            head = slots[layout.HEAD_SLOT]
-            start = head & self._mask
-            need = layout.FRAME_HEADER + ((n + 7) & ~7)
-            if (
-                need <= self._max_inline
-                and start + need <= self._capacity
-                and self._capacity - (head - slots[layout.TAIL_SLOT]) >= need
-                and not slots[layout.CONSUMER_CLOSED]
-            ):
-                ring_data = self._ring.data
-                _HEADER.pack_into(ring_data, start, n, layout.KIND_INLINE)
-                ring_data[start + layout.FRAME_HEADER : start + layout.FRAME_HEADER + n] = data
-                self._publish(head + need)
-                return
+            need = (n + 15) & ~7  # the 8-byte header, the payload padded to 8
+            if need <= self._max_inline:
+                slots = self._slots
+                head = slots[_HEAD]
+                start = head & self._mask
+                capacity = self._capacity
+                if start + need <= capacity:
+                    if head + need - self._tail_seen > capacity:
+                        self._see_tail(head + need)
+                    if head + need - self._tail_seen <= capacity and not slots[_CONSUMER_CLOSED]:
+                        self._words[start >> 3] = n  # the frame header: length, KIND_INLINE
+                        start += 8
+                        self._data[start : start + n] = data
+                        slots[_HEAD] = head + need  # one 8-byte store publishes the frame
+                        self._sent += 1
+                        fence_acquire()  # order the publish before the load of the flag
+                        fence_release()
+                        if slots[_CONSUMER_SLEEPING]:
+                            self._ring_peer(_CONSUMER_SLEEPING, self.spec.data_fd)
+                        return
         self._send(as_chunks(data), block_ok=False)
 
     async def send(self, data: Payload) -> None:
@@ -161,10 +183,18 @@ class RingSender(Endpoint):
 
     def close(self) -> None:
         """Close this side: the receiver gets EndOfChannel once it has read every frame."""
+        self._max_inline = -1  # send_nowait's fast path then leaves it to _send: Closed
         self._close_mapping(self.spec.data_fd)
 
     def _room(self) -> int:
         return layout.free(self._head(), self._tail(), self.spec.capacity)
+
+    def _see_tail(self, new_head: int) -> None:
+        """Re-read the consumer's tail; the peak in use is sampled here, where
+        the ring looks fullest to the producer."""
+        self._tail_seen = tail = self._slots[_TAIL]
+        if new_head - tail > self._peak:
+            self._peak = min(new_head - tail, self._capacity)
 
     def _set_sleeping(self, value: int) -> None:
         # Not a flag but a threshold: wake me once this much room is free. A
@@ -213,15 +243,13 @@ class RingSender(Endpoint):
     def _publish(self, new_head: int) -> None:
         """Make the frames written up to ``new_head`` visible, and wake a parked consumer."""
         slots = self._slots
-        slots[layout.HEAD_SLOT] = new_head  # one 8-byte store: the frame's bytes are before it
+        slots[_HEAD] = new_head  # one 8-byte store: the frame's bytes are before it
         self._sent += 1
-        in_use = new_head - slots[layout.TAIL_SLOT]
-        if in_use > self._peak:
-            self._peak = in_use
-        with FENCE:  # order the publish before the load of the consumer's flag
-            pass
-        if slots[layout.CONSUMER_SLEEPING]:
-            self._ring_peer(layout.CONSUMER_SLEEPING, self.spec.data_fd)
+        self._see_tail(new_head)
+        fence_acquire()  # order the publish before the load of the consumer's flag
+        fence_release()
+        if slots[_CONSUMER_SLEEPING]:
+            self._ring_peer(_CONSUMER_SLEEPING, self.spec.data_fd)
 
 
 class RingReceiver(Endpoint):
@@ -244,6 +272,11 @@ class RingReceiver(Endpoint):
         self._mask = spec.capacity - 1
         self._empty_message = f"ring {spec.name!r} is empty"
         self._waiter = Waiter(spec.data_fd, self.set_sleeping)
+        self._head_seen = self._read  # the producer's head when we last read it
+        self._data = self._ring.data
+        self._words = self._ring.words
+        self._map = self._segment.buf
+        self._map_base = _DATA + 8  # a frame's payload in the mapping, after its header
         self._ends: deque[int] = deque()  # where each received, uncommitted frame ends
         self._sides: dict[int, str] = {}  # frame end -> its side segment
 
@@ -252,48 +285,68 @@ class RingReceiver(Endpoint):
 
     def receive_nowait(self) -> Frame:
         """The next frame after those received, or WouldBlock / EndOfChannel."""
-        if self._closed:
-            raise Closed("this ring receiver was closed")
-        slots = self._slots
-        closed = slots[self.PEER_CLOSED]  # load the flag before head: see layout's ordering note
         at = self._read
-        head = slots[layout.HEAD_SLOT]
-        if head == at:
-            if closed:
-                raise EndOfChannel(f"the sender closed ring {self.spec.name!r}")
-            raise WouldBlock(self._empty_message)
-        ring = self._ring
+        data = self.receive_data_nowait()
+        return _new_tuple(Frame, (data, at, self._read, self.source))
+
+    def receive_data_nowait(self) -> bytes | bytearray:
+        """The next frame's payload alone, for a consumer that commits with
+        ``commit()`` (everything received); cheaper than a :class:`Frame`."""
+        at = self._read
+        if at == self._head_seen:  # (close() sets _head_seen = _read: we come here)
+            # Re-read the producer's head only when the frames we knew of are
+            # used up (its cache line then stays put while we read them).
+            if self._closed:
+                raise Closed("this ring receiver was closed")
+            slots = self._slots
+            closed = slots[self.PEER_CLOSED]  # load the flag before head: see layout
+            head = slots[_HEAD]
+            if head == at:
+                if closed:
+                    raise EndOfChannel(f"the sender closed ring {self.spec.name!r}")
+                raise WouldBlock(self._empty_message)
+            self._head_seen = head
+            if head - slots[_TAIL] > self._peak:
+                self._peak = head - slots[_TAIL]
         start = at & self._mask
-        length, kind = _HEADER.unpack_from(ring.data, start)
-        end = at + layout.FRAME_HEADER + ((length + 7) & ~7)
-        if start + layout.FRAME_HEADER + length <= self._capacity:  # the common case: no wrap
-            data = bytearray(
-                ring.data[start + layout.FRAME_HEADER : start + layout.FRAME_HEADER + length]
-            )
+        length = self._words[start >> 3]  # the frame header: length | kind << 32
+        data: bytes | bytearray
+        if length <= SMALL_FRAME and start + 8 + length <= self._capacity:
+            # The common case: inline (kind 0), small, not wrapping. One C call.
+            start += self._map_base
+            data = self._map[start : start + length]
         else:
-            data = ring.read_payload(at, length)
-        if kind == layout.KIND_SIDE:
-            data, self._sides[end] = _read_side(data)
-        self._read = end
+            length, kind = length & 0xFFFFFFFF, length >> 32
+            data = self._ring.read_payload(at, length)
+            if kind == layout.KIND_SIDE:
+                data, self._sides[at + 8 + ((length + 7) & ~7)] = _read_side(data)
+        self._read = end = at + 8 + ((length + 7) & ~7)
         self._ends.append(end)
         self._received += 1
-        in_use = head - slots[layout.TAIL_SLOT]
-        if in_use > self._peak:
-            self._peak = in_use
-        return Frame(data, at, end, self.source)
+        return data
 
     async def receive(self) -> Frame:
         """The next frame, waiting for one. Raises Broken if the sender died and
         every frame it published has been received, EndOfChannel if it closed."""
+        await self._wait_frame()
+        frame = self.receive_nowait()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return frame
+
+    async def receive_data(self) -> bytes | bytearray:
+        """The next frame's payload, waiting for one (see receive_data_nowait)."""
+        await self._wait_frame()
+        data = self.receive_data_nowait()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return data
+
+    async def _wait_frame(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         if not self.has_frame():
             self.release_producer()
             await self._waiter.wait(
                 lambda: self.has_frame() or self.peer_closed(), self.check_producer
             )
-        frame = self.receive_nowait()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return frame
 
     def commit(self, frame: Frame | None = None) -> None:
         """Release every frame up to and including ``frame`` (default: all received).
@@ -315,8 +368,8 @@ class RingReceiver(Endpoint):
                 side = self._sides.pop(end, None)
                 if side is not None:
                     unlink(side)
-        with FENCE:  # order the commit before the load of the producer's threshold
-            pass
+        fence_acquire()  # order the commit before the load of the producer's threshold
+        fence_release()
         wanted = slots[layout.PRODUCER_SLEEPING]
         if wanted and self.spec.capacity - (slots[layout.HEAD_SLOT] - upto) >= wanted:
             self._ring_peer(layout.PRODUCER_SLEEPING, self.spec.space_fd)
@@ -360,6 +413,7 @@ class RingReceiver(Endpoint):
 
     def close(self) -> None:
         """Close this side. Uncommitted frames stay in the ring for a successor."""
+        self._head_seen = self._read  # receive_nowait then checks _closed
         self._close_mapping(self.spec.space_fd)
 
     def __aiter__(self) -> RingReceiver:

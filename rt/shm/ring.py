@@ -27,14 +27,16 @@ if TYPE_CHECKING:
 # Acquiring a lock is a locked instruction on x86: a full barrier, which
 # orders an earlier store before a later load (plain TSO does not). The
 # doorbell protocol needs one between "set sleeping" and "re-check", and
-# between "publish" and "is the peer sleeping?". Hot paths inline `with FENCE`.
+# between "publish" and "is the peer sleeping?". Hot paths inline
+# `fence_acquire(); fence_release()` (75 ns; `with FENCE: pass` costs 160 ns).
 FENCE = threading.Lock()
+fence_acquire, fence_release = FENCE.acquire, FENCE.release
 
 
 def fence() -> None:
     """A full memory barrier (see FENCE)."""
-    with FENCE:
-        pass
+    fence_acquire()
+    fence_release()
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class Frame(NamedTuple):
     a frame redelivered to a successor has the same offset, so handlers can
     recognise duplicates. ``source`` is the ring's index in a fan-in."""
 
-    data: bytearray
+    data: bytes | bytearray  # bytes for a small inline frame (a copy out of the ring)
     offset: int
     end: int
     source: int = 0

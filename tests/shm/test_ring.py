@@ -224,3 +224,56 @@ async def test_marks_count_consumers_that_died_handling_a_frame(ring, pair) -> N
     assert last.mark(frames[1]) == 4
     assert last.mark(frames[2]) == 1  # a later frame starts a new count
     last.close()
+
+
+async def test_payload_receive_delivers_every_frame_and_commits_them_all(ring, pair) -> None:
+    tx, rx = pair
+    sizes = [0, 5, 100, CAP // 2 - 8, 3000, 20, 1500, 1500]  # inline, wrapping, side segment
+    for lap in range(3):
+        payloads = [os.urandom(n) for n in sizes]
+        got = []
+        for payload in payloads:
+            await tx.send(payload)
+            got.append(bytes(await rx.receive_data()))
+            rx.commit()
+        assert got == payloads, f"lap {lap}"
+    tx.send_nowait(b"handled")
+    tx.send_nowait(b"not yet")
+    assert rx.receive_data_nowait() == b"handled"
+    rx.commit()
+    assert rx.receive_data_nowait() == b"not yet"
+    rx.close()  # dies before committing the second
+    successor = RingReceiver.attach(ring.spec)
+    assert successor.receive_data_nowait() == b"not yet"
+    with pytest.raises(WouldBlock):
+        successor.receive_data_nowait()
+    successor.close()
+    with pytest.raises(Closed):
+        successor.receive_data_nowait()
+
+
+async def test_payload_receive_waits_for_the_sender(pair) -> None:
+    tx, rx = pair
+    got: list[bytes | bytearray] = []
+
+    async def receive() -> None:
+        got.append(await rx.receive_data())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not got, "received from an empty ring"
+        await tx.send(b"late")
+    assert got == [b"late"]
+    tx.close()
+    with pytest.raises(EndOfChannel):
+        await rx.receive_data()
+
+
+async def test_a_closed_sender_refuses_even_the_fast_path(pair) -> None:
+    tx, rx = pair
+    tx.send_nowait(b"before")
+    tx.close()
+    with pytest.raises(Closed):
+        tx.send_nowait(b"after")
+    assert rx.receive_data_nowait() == b"before"
