@@ -3,8 +3,9 @@
 Every message names its request (``rid``) and, where it carries tokens or
 text, the offset of its first token or character, so that a receiver can
 recognise what it has already seen: delivery is at-least-once and every
-handler is idempotent. Token ids travel as numpy arrays (one buffer out of
-band, not a pickled list of ints).
+handler is idempotent. Messages are msgspec Structs registered with the
+codec: they cross as MessagePack, with token ids as numpy arrays (one raw
+buffer each, not a list of ints).
 
     frontend ──GenerateRequest──▶ tokenizer ──Scheduled──▶ scheduler
     frontend ◀──Tokenized / Refused── tokenizer
@@ -15,33 +16,38 @@ band, not a pickled list of ints).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from rt.detok.incremental import DetokParams
 from rt.gpu.sampling_params import SamplingParams
+from rt.shm import codec
 
 ChatMessage = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class GenerateRequest:
+class Message(msgspec.Struct, frozen=True, array_like=True, tag=True, gc=False):
+    """The base of every message: immutable, sent as a MessagePack array
+    tagged with the class name. Messages hold data, never cycles, so the
+    garbage collector need not track them (``gc=False``: cheaper to build)."""
+
+
+class GenerateRequest(Message, frozen=True):
     """A request as the caller made it: exactly one of text, input_ids, messages."""
 
     rid: str
     text: str | None = None
     input_ids: tuple[int, ...] | None = None
     messages: tuple[ChatMessage, ...] | None = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    detok: DetokParams = field(default_factory=DetokParams)
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    detok: DetokParams = msgspec.field(default_factory=DetokParams)
     allow_auto_truncate: bool = False
     priority: int = 0
 
 
-@dataclass(frozen=True)
-class Scheduled:
+class Scheduled(Message, frozen=True):
     """A tokenized, validated request for the scheduler. ``output_ids`` is
     non-empty when the frontend resubmits a request after a scheduler crash:
     the tokens it already has, with ``sampling.max_new_tokens`` the remaining budget."""
@@ -53,8 +59,7 @@ class Scheduled:
     output_ids: tuple[np.ndarray, ...] = ()  # per child (n > 1), tokens already generated
 
 
-@dataclass(frozen=True)
-class Tokenized:
+class Tokenized(Message, frozen=True):
     """Tells the frontend the prompt's ids (so it can resubmit without the tokenizer)."""
 
     rid: str
@@ -62,8 +67,7 @@ class Tokenized:
     truncated: int = 0  # prompt tokens dropped by allow_auto_truncate
 
 
-@dataclass(frozen=True)
-class Refused:
+class Refused(Message, frozen=True):
     """A request that failed alone: validation, admission, or a poison message."""
 
     rid: str
@@ -71,20 +75,17 @@ class Refused:
     message: str
 
 
-@dataclass(frozen=True)
-class Abort:
+class Abort(Message, frozen=True):
     rid: str
 
 
-@dataclass(frozen=True)
-class FinishNow:
+class FinishNow(Message, frozen=True):
     """A stop string matched: the scheduler finishes the request and frees its KV."""
 
     rid: str
 
 
-@dataclass(frozen=True)
-class OpenStream:
+class OpenStream(Message, frozen=True):
     """Start (or, after a detokenizer restart, rebuild) the decode state of a stream."""
 
     rid: str
@@ -98,13 +99,11 @@ class OpenStream:
         return stream_key(self.rid, self.index)
 
 
-@dataclass(frozen=True)
-class CloseStream:
+class CloseStream(Message, frozen=True):
     key: str
 
 
-@dataclass(frozen=True)
-class SeqTokens:
+class SeqTokens(Message, frozen=True):
     """New tokens of one sequence from one scheduler step."""
 
     rid: str
@@ -120,8 +119,7 @@ class SeqTokens:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class SchedulerStats:
+class SchedulerStats(Message, frozen=True):
     """The scheduler's state when it last went idle (and its KV check)."""
 
     steps: int
@@ -134,8 +132,7 @@ class SchedulerStats:
     retractions: int
 
 
-@dataclass(frozen=True)
-class StepTokens:
+class StepTokens(Message, frozen=True):
     """Everything one scheduler step produced, in one frame."""
 
     step: int
@@ -145,8 +142,7 @@ class StepTokens:
     stepped_at: float = 0.0  # time.monotonic() when the step ended (system-wide clock)
 
 
-@dataclass(frozen=True)
-class SeqDelta:
+class SeqDelta(Message, frozen=True):
     """Text and tokens of one sequence, as the detokenizer emits them."""
 
     rid: str
@@ -164,12 +160,18 @@ class SeqDelta:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class StreamDeltas:
+class StreamDeltas(Message, frozen=True):
     deltas: tuple[SeqDelta, ...]
     refused: tuple[Refused, ...] = ()
     stats: SchedulerStats | None = None
     stepped_at: float = 0.0
+
+
+def _messages() -> list[type[Message]]:
+    return [cls for cls in Message.__subclasses__() if cls.__module__ == __name__]
+
+
+codec.register(*_messages())
 
 
 def stream_key(rid: str, index: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -106,3 +107,71 @@ def test_each_thread_encodes_on_its_own() -> None:
     for t in threads:
         t.join()
     assert results == dict.fromkeys(range(4), "ok")
+
+
+class Sample(msgspec.Struct, frozen=True, array_like=True, tag=True):
+    rid: str
+    ids: np.ndarray
+    scores: np.ndarray | None = None
+    extra: object = None
+
+
+codec.register(Sample)
+
+
+def test_a_registered_message_travels_as_messagepack_with_its_arrays() -> None:
+    msg = Sample("a" * 32, np.arange(20, dtype=np.int32), np.ones((2, 3), dtype=np.float32))
+    encoded = codec.dumps(msg)
+    assert isinstance(encoded, bytes)
+    assert 0x90 <= encoded[0] <= 0x9F, "not a MessagePack array"
+    frame = bytes(encoded)  # a small frame arrives read-only
+    out = codec.loads(frame)
+    assert type(out) is Sample and out.rid == msg.rid
+    np.testing.assert_array_equal(out.ids, msg.ids)
+    assert out.ids.dtype == np.int32
+    assert out.scores is not None and out.scores.shape == (2, 3)
+    out.ids[0] = 99  # writable, and a copy: the frame is untouched
+    assert codec.loads(frame).ids[0] == 0
+
+
+def test_a_message_msgpack_cannot_carry_falls_back_to_pickle() -> None:
+    for extra in (torch.arange(4), 2**70, np.int64(3)):
+        msg = Sample("r", np.arange(3), extra=extra)
+        out = codec.loads(joined(codec.dumps(msg)))
+        assert type(out) is Sample
+        np.testing.assert_array_equal(out.ids, np.arange(3))
+        if isinstance(extra, torch.Tensor):
+            assert torch.equal(out.extra, extra)
+        else:
+            assert out.extra == extra and type(out.extra) is type(extra)
+
+
+def test_untyped_fields_carry_messagepack_values() -> None:
+    # A field typed ``object`` comes back as MessagePack has it: a tuple or a
+    # set as a list. rt's messages type their fields, so theirs come back exact.
+    out = codec.loads(codec.dumps(Sample("r", np.arange(1), extra=(1, {2, 3}))))
+    assert out.extra == [1, [2, 3]]
+
+
+def test_only_tagged_array_like_structs_with_distinct_tags_register() -> None:
+    class Untagged(msgspec.Struct, array_like=True):
+        x: int
+
+    class AsMap(msgspec.Struct, tag=True):
+        x: int
+
+    class Clash(msgspec.Struct, array_like=True, tag="Sample"):
+        x: int
+
+    for cls in (Untagged, AsMap):
+        with pytest.raises(TypeError, match="array_like=True, tag=True"):
+            codec.register(cls)
+    with pytest.raises(TypeError, match="share a tag"):
+        codec.register(Clash)
+
+
+def test_arrays_out_of_band_are_writable_even_from_a_read_only_frame() -> None:
+    frame = bytes(joined(codec.dumps({"ids": np.arange(8, dtype=np.int64)})))
+    out = codec.loads(frame)
+    out["ids"][0] = 7
+    assert out["ids"][0] == 7
