@@ -52,7 +52,8 @@ class Chunk:
     """A streamed delta of one sequence: the text and ids new since the last chunk.
     ``finish_reason`` is set on the sequence's last chunk. ``stepped_at`` is
     when the scheduler produced these tokens (``time.monotonic()``, a clock
-    shared by every process of the machine)."""
+    shared by every process of the machine), or 0.0 when no step is behind
+    them (tokens a restarted detokenizer replays)."""
 
     rid: str
     index: int

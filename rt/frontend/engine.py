@@ -220,12 +220,12 @@ class Engine:
         """Each message of ``rx``, committed once handled; waits out a restarting peer."""
         while True:
             try:
-                frame = await rx.receive()
+                data = await rx.receive_data()
             except (errors.Broken, errors.EndOfChannel):  # the sender is restarting
                 await trio.sleep(RETRY_S)
                 continue
-            yield codec.loads(frame.data)
-            rx.commit(frame)
+            yield codec.loads(data)
+            rx.commit()
 
     def _queue(self, tx: RingSender, msg: Any) -> None:
         self._control_send.send_nowait((tx, msg))
@@ -294,11 +294,11 @@ class Engine:
         """Handle every frame already in ``rx``: a dead sender's last words."""
         while True:
             try:
-                frame = rx.receive_nowait()
+                data = rx.receive_data_nowait()
             except (errors.WouldBlock, errors.EndOfChannel):
                 return
-            handle(codec.loads(frame.data))
-            rx.commit(frame)
+            handle(codec.loads(data))
+            rx.commit()
 
     # ---- shutdown -------------------------------------------------------------------
 

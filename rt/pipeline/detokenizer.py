@@ -40,6 +40,7 @@ class DetokenizerActor(Actor):
         tokenizer = load_tokenizer(self.tokenizer_path)
         self.detok = IncrementalDetokenizer(tokenizer)
         self.waiting: dict[str, list[SeqTokens]] = defaultdict(list)  # tokens before their open
+        self.waiting_since: dict[str, float] = {}  # the first waiting step's time, per stream
         self.keys: dict[str, tuple[str, int]] = {}  # stream key -> (rid, index)
 
     async def run(self, ctx: ActorContext) -> None:
@@ -52,6 +53,7 @@ class DetokenizerActor(Actor):
         while True:
             msg, frame = await receive(inbox)
             deltas: list[SeqDelta] = []
+            stepped_at = 0.0  # unknown: no step behind these deltas
             if isinstance(msg, OpenStream):
                 self.keys[msg.key] = (msg.rid, msg.index)
                 merged = self.detok.open(
@@ -59,14 +61,16 @@ class DetokenizerActor(Actor):
                 )
                 deltas = [self._opened(msg.key, d) for d in merged]
                 early = self.waiting.pop(msg.key, [])
+                stepped_at = self.waiting_since.pop(msg.key, 0.0)
                 if early:
                     deltas += self._apply(early)
             elif isinstance(msg, CloseStream):
                 self.detok.close(msg.key)
                 self.waiting.pop(msg.key, None)
+                self.waiting_since.pop(msg.key, None)
                 self.keys.pop(msg.key, None)
             if deltas:
-                await send(ctx.outbox[OUT], StreamDeltas(tuple(deltas)))
+                await send(ctx.outbox[OUT], StreamDeltas(tuple(deltas), stepped_at=stepped_at))
             inbox.commit(frame)
 
     async def _steps(self, ctx: ActorContext) -> None:
@@ -79,7 +83,9 @@ class DetokenizerActor(Actor):
                 if stream_key(seq.rid, seq.index) in self.detok:
                     ready.append(seq)
                 else:
-                    self.waiting[stream_key(seq.rid, seq.index)].append(seq)
+                    key = stream_key(seq.rid, seq.index)
+                    self.waiting[key].append(seq)
+                    self.waiting_since.setdefault(key, msg.stepped_at)
             deltas = self._apply(ready)
             if deltas or msg.refused or msg.stats:
                 await send(

@@ -100,6 +100,29 @@ async def test_streamed_text_equals_decode_of_all_ids(tiny_model) -> None:
             assert all(final.startswith(t) for t in seen)
 
 
+async def test_every_chunk_says_when_its_step_ended(tiny_model) -> None:
+    # Tokens can reach the detokenizer before their stream is opened there (the
+    # frontend opens it once it knows the prompt's ids): they wait, and their
+    # chunk must still carry their step's time, not 0.
+    stamps: list[tuple[float, float]] = []
+
+    async def one(engine: rt.Engine, i: int) -> None:
+        async for chunk in engine.stream(
+            f"{PROMPTS[i % len(PROMPTS)]} {i}", max_new_tokens=8, ignore_eos=True
+        ):
+            stamps.append((chunk.stepped_at, time.monotonic()))
+
+    async with (
+        rt.open_engine(str(tiny_model), **OPTIONS, load_format="null") as engine,
+        trio.open_nursery() as nursery,
+    ):
+        for i in range(128):
+            nursery.start_soon(one, engine, i)
+    assert len(stamps) >= 128
+    late = [(at, now) for at, now in stamps if not 0 < at <= now]
+    assert not late, f"{len(late)} of {len(stamps)} chunks without their step's time"
+
+
 async def test_stop_strings_cut_the_text_and_free_the_request(tiny_model) -> None:
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
         free = await engine.generate(
