@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import struct
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
@@ -277,8 +276,7 @@ class RingReceiver(Endpoint):
         self._words = self._ring.words
         self._map = self._segment.buf
         self._map_base = _DATA + 8  # a frame's payload in the mapping, after its header
-        self._ends: deque[int] = deque()  # where each received, uncommitted frame ends
-        self._sides: dict[int, str] = {}  # frame end -> its side segment
+        self._sides: dict[int, str] = {}  # a received frame's end -> its side segment
 
     def has_frame(self) -> bool:
         return self._head() != self._read
@@ -320,8 +318,7 @@ class RingReceiver(Endpoint):
             data = self._ring.read_payload(at, length)
             if kind == layout.KIND_SIDE:
                 data, self._sides[at + 8 + ((length + 7) & ~7)] = _read_side(data)
-        self._read = end = at + 8 + ((length + 7) & ~7)
-        self._ends.append(end)
+        self._read = at + 8 + ((length + 7) & ~7)
         self._received += 1
         return data
 
@@ -360,19 +357,25 @@ class RingReceiver(Endpoint):
         if upto <= slots[layout.TAIL_SLOT]:
             return
         slots[layout.TAIL_SLOT] = upto
-        ends = self._ends
-        while ends and ends[0] <= upto:
-            end = ends.popleft()
-            self._committed += 1
-            if self._sides:
-                side = self._sides.pop(end, None)
-                if side is not None:
-                    unlink(side)
+        # Frames received after ``upto`` stay uncommitted: count them by their
+        # headers (none in the common case, a commit of everything received).
+        self._committed = self._received - self._frames_between(upto, self._read)
+        if self._sides:
+            for end in [end for end in self._sides if end <= upto]:
+                unlink(self._sides.pop(end))
         fence_acquire()  # order the commit before the load of the producer's threshold
         fence_release()
         wanted = slots[layout.PRODUCER_SLEEPING]
         if wanted and self.spec.capacity - (slots[layout.HEAD_SLOT] - upto) >= wanted:
             self._ring_peer(layout.PRODUCER_SLEEPING, self.spec.space_fd)
+
+    def _frames_between(self, start: int, stop: int) -> int:
+        count = 0
+        while start < stop:
+            length = self._words[(start & self._mask) >> 3] & 0xFFFFFFFF
+            start += 8 + ((length + 7) & ~7)
+            count += 1
+        return count
 
     def release_producer(self) -> None:
         """Wake a parked producer whatever room it asked for: called before this
