@@ -1,9 +1,12 @@
 """rt's shared-memory rings against SGLang's transport, between two processes.
 
 Transports:
-  rt            rt rings, rt's codec (pickle 5; the large batch carries token ids as arrays)
+  rt            rt rings carrying rt's messages with rt's codec: the small request is
+                a message Struct (MessagePack), the large batch a dict of arrays
+                (pickle 5, the arrays out of band)
   zmq           pyzmq PUSH/PULL over ipc://, pickled dicts of lists (what SGLang sends)
-  zmq_rt_codec  the same ZMQ sockets carrying rt's codec (tells the codec's gain apart)
+  zmq_rt_codec  the same ZMQ sockets carrying what rt carries, with rt's codec
+                (so rt vs zmq_rt_codec is the transport's gain, zmq_rt_codec vs zmq the codec's)
   mp_queue      multiprocessing.Queue, pickled dicts of lists
   rt_batched    rt rings with 32 messages per frame (one-way throughput only), as rt's
                 actors send: one frame per scheduler step, one per tokenizer batch
@@ -39,13 +42,29 @@ import trio
 import zmq
 
 from rt.errors import WouldBlock
+from rt.messages import Message
 from rt.shm import Ring, RingReceiver, RingSender, RingSpec, codec, new_run_prefix
 
 TRANSPORTS = ("rt", "zmq", "zmq_rt_codec", "mp_queue")
 BATCH = 32  # rt_batched: messages per frame, the way rt's actors send (a step, a batch)
 
 
-def small_message() -> dict[str, Any]:
+class SmallRequest(Message, frozen=True):
+    """The small payload as an rt message: the same five fields as the dict."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float
+    stream: bool
+
+
+codec.register(SmallRequest)
+
+
+def small_message(as_message: bool) -> Any:
+    if as_message:
+        return SmallRequest(uuid.uuid4().hex, tuple(range(1000, 1020)), 128, 0.7, True)
     return {
         "rid": uuid.uuid4().hex,
         "input_ids": list(range(1000, 1020)),
@@ -71,7 +90,8 @@ def large_message(as_arrays: bool) -> dict[str, Any]:
 
 
 def message(payload: str, transport: str) -> Any:
-    return small_message() if payload == "small" else large_message(transport == "rt")
+    rt_form = transport in ("rt", "zmq_rt_codec")
+    return small_message(rt_form) if payload == "small" else large_message(rt_form)
 
 
 def flat(encoded: bytes | list[bytes | memoryview]) -> bytes:
@@ -92,12 +112,7 @@ def child(transport: str, mode: str, payload: str, n: int, addr: str) -> None:
     out.connect(f"ipc://{addr}.up")
     inp.connect(f"ipc://{addr}.down")
 
-    def send(obj: Any) -> None:
-        out.send(flat(codec.dumps(obj)) if use_rt_codec else pickle.dumps(obj))
-
-    def recv() -> Any:
-        return codec.loads(inp.recv()) if use_rt_codec else pickle.loads(inp.recv())
-
+    recv, send = zmq_endpoints(out, inp, use_rt_codec)
     recv()  # go
     if mode == "throughput":
         msg = message(payload, transport)
@@ -110,14 +125,44 @@ def child(transport: str, mode: str, payload: str, n: int, addr: str) -> None:
     ctx.destroy(linger=0)
 
 
+def zmq_endpoints(
+    out: zmq.Socket[bytes], inp: zmq.Socket[bytes], use_rt_codec: bool
+) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """Receive and send objects over ZMQ, methods bound once (as rt_endpoints does)."""
+    send_bytes, recv_bytes = out.send, inp.recv
+    loads: Callable[[bytes], Any] = codec.loads if use_rt_codec else pickle.loads
+    if use_rt_codec:
+        rt_dumps = codec.dumps
+
+        def send(obj: Any) -> None:
+            send_bytes(flat(rt_dumps(obj)))
+
+    else:
+        dumps = pickle.dumps
+
+        def send(obj: Any) -> None:
+            send_bytes(dumps(obj))
+
+    def recv() -> Any:
+        return loads(recv_bytes())
+
+    return recv, send
+
+
 def rt_endpoints(
     tx: RingSender, rx: RingReceiver
 ) -> tuple[Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]]:
-    """Receive and send objects the way rt's actors do: the nowait call first,
-    trio's waiting only when the ring is empty or full. Frames are committed
-    once handled (when the next one is asked for), in batches: every 64
-    frames, and whenever the ring runs dry."""
+    """Receive and send objects over rt rings: the nowait call first, trio's
+    waiting only when the ring is empty or full. Payloads are received alone
+    (``receive_data``) and committed once handled (when the next one is
+    asked for), in batches: every 64 frames, and whenever the ring runs dry."""
     uncommitted = 0
+    receive_nowait, send_nowait, loads, dumps = (
+        rx.receive_data_nowait,
+        tx.send_nowait,
+        codec.loads,
+        codec.dumps,
+    )
 
     async def recv() -> Any:
         nonlocal uncommitted
@@ -125,17 +170,17 @@ def rt_endpoints(
             rx.commit()
             uncommitted = 0
         try:
-            frame = rx.receive_nowait()
+            data = receive_nowait()
         except WouldBlock:
             rx.commit()
-            frame = await rx.receive()
+            data = await rx.receive_data()
         uncommitted += 1
-        return codec.loads(frame.data)
+        return loads(data)
 
     async def send(obj: Any) -> None:
-        data = codec.dumps(obj)
+        data = dumps(obj)
         try:
-            tx.send_nowait(data)
+            send_nowait(data)
         except WouldBlock:
             await tx.send(data)
 
@@ -235,12 +280,7 @@ def run_zmq(transport: str, mode: str, payload: str, n: int) -> list[float]:
     out.bind(f"ipc://{addr}.down")
     proc = spawn(transport, mode, payload, n, addr)
 
-    def send(obj: Any) -> None:
-        out.send(flat(codec.dumps(obj)) if use_rt_codec else pickle.dumps(obj))
-
-    def recv() -> Any:
-        return codec.loads(inp.recv()) if use_rt_codec else pickle.loads(inp.recv())
-
+    recv, send = zmq_endpoints(out, inp, use_rt_codec)
     try:
         return trio.run(measure, blocking(recv), blocking(send), mode, payload, transport, n)
     finally:
