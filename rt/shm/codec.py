@@ -170,24 +170,44 @@ def register(*types: type[msgspec.Struct]) -> None:
 def _enc_hook(obj: Any) -> Any:
     numpy = sys.modules.get("numpy")
     if numpy is not None and type(obj) is numpy.ndarray and not obj.dtype.hasobject:
-        dtype = obj.dtype.str.encode()
-        head = struct.pack(f"<B{len(dtype)}sB{obj.ndim}I", len(dtype), dtype, obj.ndim, *obj.shape)
-        return msgspec.msgpack.Ext(_ARRAY_EXT, head + obj.tobytes())
+        key = (obj.dtype.str, obj.ndim)
+        head = _heads.get(key) or _head(*key)
+        shape = _U32.pack(obj.size) if obj.ndim == 1 else struct.pack(f"<{obj.ndim}I", *obj.shape)
+        return msgspec.msgpack.Ext(_ARRAY_EXT, b"".join((head, shape, obj.tobytes())))
     raise NotImplementedError(f"{type(obj).__qualname__} has no MessagePack form")
+
+
+_U32 = struct.Struct("<I")
+_heads: dict[tuple[str, int], bytes] = {}  # (dtype str, ndim) -> an ext header's fixed part
+
+
+def _head(dtype: str, ndim: int) -> bytes:
+    _heads[dtype, ndim] = head = bytes([len(dtype)]) + dtype.encode() + bytes([ndim])
+    return head
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
     if code != _ARRAY_EXT:
         raise ValueError(f"unknown MessagePack extension {code}")
+    n = data[0]
+    ndim = data[1 + n]
+    start = 2 + n + 4 * ndim
+    dtype = _dtypes.get(head := bytes(data[: 1 + n])) or _dtype(head)  # imports numpy
+    # A copy (bytearray): writable, and independent of the frame it came in.
+    array = sys.modules["numpy"].frombuffer(bytearray(data[start:]), dtype)
+    if ndim == 1:
+        return array
+    return array.reshape(struct.unpack_from(f"<{ndim}I", data, 2 + n))
+
+
+_dtypes: dict[bytes, Any] = {}  # an ext header's dtype part -> numpy dtype
+
+
+def _dtype(head: bytes) -> Any:
     import numpy
 
-    n = data[0]
-    dtype = bytes(data[1 : 1 + n]).decode()
-    ndim = data[1 + n]
-    shape = struct.unpack_from(f"<{ndim}I", data, 2 + n)
-    # A copy: writable, and independent of the frame it came in.
-    array = numpy.frombuffer(data, dtype=dtype, offset=2 + n + 4 * ndim).copy()
-    return array.reshape(shape) if ndim != 1 else array
+    _dtypes[head] = dtype = numpy.dtype(head[1:].decode())
+    return dtype
 
 
 _encoder_msgpack = msgspec.msgpack.Encoder(enc_hook=_enc_hook)

@@ -134,6 +134,22 @@ def test_a_registered_message_travels_as_messagepack_with_its_arrays() -> None:
     assert codec.loads(frame).ids[0] == 0
 
 
+def test_arrays_of_every_shape_and_dtype_cross_inside_a_message() -> None:
+    arrays = [
+        np.array(7, dtype=np.int64),  # 0-d
+        np.zeros(0, dtype=np.int32),
+        np.array([True, False]),
+        np.arange(6, dtype=np.float16).reshape(2, 3),
+        np.arange(24, dtype=">i4").reshape(2, 3, 4),  # big-endian stays big-endian
+        np.arange(10, dtype=np.uint8)[::2],  # not contiguous: tobytes makes it so
+    ]
+    for array in arrays:
+        out = codec.loads(codec.dumps(Sample("r", array, array)))
+        for got in (out.ids, out.scores):
+            assert got.dtype == array.dtype and got.shape == array.shape, array
+            np.testing.assert_array_equal(got, array)
+
+
 def test_a_message_msgpack_cannot_carry_falls_back_to_pickle() -> None:
     for extra in (torch.arange(4), 2**70, np.int64(3)):
         msg = Sample("r", np.arange(3), extra=extra)
