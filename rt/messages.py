@@ -4,8 +4,11 @@ Every message names its request (``rid``) and, where it carries tokens or
 text, the offset of its first token or character, so that a receiver can
 recognise what it has already seen: delivery is at-least-once and every
 handler is idempotent. Messages are msgspec Structs registered with the
-codec: they cross as MessagePack, with token ids as numpy arrays (one raw
-buffer each, not a list of ints).
+codec: they cross as MessagePack. A prompt's ids travel as a numpy array
+(one raw buffer); a step's few new ids per sequence as a tuple of ints,
+which MessagePack carries in C (a tiny array would cost a numpy object on
+each side: 64 one-token sequences decoded in 120 µs as arrays, see
+tools/bench_codec.py).
 
     frontend ──GenerateRequest──▶ tokenizer ──Scheduled──▶ scheduler
     frontend ◀──Tokenized / Refused── tokenizer
@@ -109,10 +112,10 @@ class SeqTokens(Message, frozen=True):
     rid: str
     index: int
     token_offset: int
-    ids: np.ndarray
+    ids: tuple[int, ...]
     finish_reason: str | None = None
     matched_stop: int | None = None
-    logprobs: np.ndarray | None = None
+    logprobs: tuple[float, ...] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -148,12 +151,12 @@ class SeqDelta(Message, frozen=True):
     rid: str
     index: int
     token_offset: int
-    ids: np.ndarray
+    ids: tuple[int, ...]
     text_offset: int
     text: str
     finish_reason: str | None = None  # "stop" also when a stop string matched
     matched_stop: int | str | None = None
-    logprobs: np.ndarray | None = None
+    logprobs: tuple[float, ...] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,10 +22,9 @@ SAMPLING = SamplingParams(
     max_new_tokens=7, temperature=0.5, stop_token_ids=(2, 3), seed=11, logit_bias={5: -1.5}
 )
 SEQ = m.SeqTokens(
-    "r" * 32, 1, 4, IDS[:2], "stop", 2, np.array([-0.5, -1.0], dtype=np.float32),
-    [[(1, -0.1), (2, -2.0)]], 20, 4, 11,
-)  # fmt: skip
-DELTA = m.SeqDelta("r", 0, 0, IDS[:1], 3, "abc", "stop", "END", None, None, 20, 0, 7)
+    "r" * 32, 1, 4, (7, 8), "stop", 2, (-0.5, -1.0), [[(1, -0.1), (2, -2.0)]], 20, 4, 11
+)
+DELTA = m.SeqDelta("r", 0, 0, (7,), 3, "abc", "stop", "END", None, None, 20, 0, 7)
 REFUSED = m.Refused("q", "ValidationError", "too long")
 
 EXAMPLES: list[m.Message] = [
@@ -81,3 +84,18 @@ def test_a_decoded_message_is_its_own_copy() -> None:
     out = codec.loads(frame)
     out.input_ids[0] = -1  # the pipeline may write into arrays it received
     assert codec.loads(frame).input_ids[0] == 1000
+
+
+def test_the_codec_benchmark_runs_on_every_example() -> None:
+    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_codec.py"
+    out = subprocess.run(
+        [sys.executable, str(tool), "--json", "--number", "20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    results = json.loads(out.stdout)
+    assert set(results) == {"tokenized", "scheduled", "step_64", "deltas_64"}
+    for figures in results.values():
+        assert all(value > 0 for value in figures.values())

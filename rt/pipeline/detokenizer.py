@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
 import trio
 
 from rt.actors import Actor, ActorContext
@@ -97,7 +96,7 @@ class DetokenizerActor(Actor):
     def _opened(self, key: str, delta: TextDelta) -> SeqDelta:
         """A delta from merging an open's prior ids: no step record behind it."""
         rid, index = self.keys[key]
-        src = SeqTokens(rid, index, delta.token_offset, np.asarray(delta.ids, dtype=np.int64))
+        src = SeqTokens(rid, index, delta.token_offset, tuple(delta.ids))
         return _seq_delta(delta, src)
 
     def _apply(self, seqs: list[SeqTokens]) -> list[SeqDelta]:
@@ -116,9 +115,7 @@ class DetokenizerActor(Actor):
         out = []
         for round_ in rounds:
             updates = [
-                TokenUpdate(
-                    key, s.token_offset, s.ids.tolist(), finished=s.finish_reason is not None
-                )
+                TokenUpdate(key, s.token_offset, s.ids, finished=s.finish_reason is not None)
                 for key, s in round_.items()
             ]
             for delta in self.detok.step(updates):
@@ -136,7 +133,7 @@ def _seq_delta(delta: TextDelta, src: SeqTokens) -> SeqDelta:
         rid=src.rid,
         index=src.index,
         token_offset=delta.token_offset,
-        ids=np.asarray(delta.ids, dtype=np.int64),
+        ids=tuple(delta.ids),
         text_offset=delta.text_offset,
         text=delta.text,
         finish_reason=reason if delta.finished else None,

@@ -12,7 +12,7 @@ from rt.messages import GenerateRequest, Refused, SeqDelta, Tokenized
 
 
 def delta(rid: str, tok_off: int, ids: list[int], txt_off: int, text: str, **kw) -> SeqDelta:
-    return SeqDelta(rid, 0, tok_off, np.asarray(ids), txt_off, text, **kw)
+    return SeqDelta(rid, 0, tok_off, tuple(ids), txt_off, text, **kw)
 
 
 @pytest.fixture
