@@ -53,7 +53,7 @@ class SmallRequest(Message, frozen=True):
     """The small payload as an rt message: the same five fields as the dict."""
 
     rid: str
-    input_ids: tuple[int, ...]
+    input_ids: list[int]
     max_new_tokens: int
     temperature: float
     stream: bool
@@ -64,7 +64,7 @@ codec.register(SmallRequest)
 
 def small_message(as_message: bool) -> Any:
     if as_message:
-        return SmallRequest(uuid.uuid4().hex, tuple(range(1000, 1020)), 128, 0.7, True)
+        return SmallRequest(uuid.uuid4().hex, list(range(1000, 1020)), 128, 0.7, True)
     return {
         "rid": uuid.uuid4().hex,
         "input_ids": list(range(1000, 1020)),
