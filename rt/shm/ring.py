@@ -124,7 +124,11 @@ class Frame(NamedTuple):
 @dataclass(frozen=True)
 class RingStatistics:
     """A snapshot of one endpoint. ``sleeps``: times this endpoint parked on
-    its doorbell; ``wakeups``: times it rang the peer's doorbell."""
+    its doorbell; ``wakeups``: times it rang the peer's doorbell.
+    ``peak_bytes_in_use`` is sampled when the endpoint reads its peer's
+    counter (a receiver when it runs out of known frames, a sender when it
+    runs out of known room) and at the snapshot: a high-water mark, not a
+    trace of every frame."""
 
     capacity: int
     bytes_in_use: int
