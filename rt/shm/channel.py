@@ -153,7 +153,7 @@ class RingSender(Endpoint):
                 capacity = self._capacity
                 if start + need <= capacity:
                     if head + need - self._tail_seen > capacity:
-                        self._see_tail(head + need)
+                        self._see_tail(head)
                     if head + need - self._tail_seen <= capacity and not slots[_CONSUMER_CLOSED]:
                         self._words[start >> 3] = n  # the frame header: length, KIND_INLINE
                         start += 8
@@ -188,12 +188,12 @@ class RingSender(Endpoint):
     def _room(self) -> int:
         return layout.free(self._head(), self._tail(), self.spec.capacity)
 
-    def _see_tail(self, new_head: int) -> None:
-        """Re-read the consumer's tail; the peak in use is sampled here, where
-        the ring looks fullest to the producer."""
+    def _see_tail(self, head: int) -> None:
+        """Re-read the consumer's tail; the peak in use (up to ``head``, what
+        is published) is sampled here, where the ring looks fullest."""
         self._tail_seen = tail = self._slots[_TAIL]
-        if new_head - tail > self._peak:
-            self._peak = min(new_head - tail, self._capacity)
+        if head - tail > self._peak:
+            self._peak = head - tail
 
     def _set_sleeping(self, value: int) -> None:
         # Not a flag but a threshold: wake me once this much room is free. A

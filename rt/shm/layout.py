@@ -34,6 +34,7 @@ from collections.abc import Sequence
 MAGIC = int.from_bytes(b"RTRING01", "little")
 DATA_OFFSET = 4096
 FRAME_HEADER = 8
+MAX_CAPACITY = 1 << 32  # a frame's length is a u32; inline frames are at most half the ring
 _FRAME = struct.Struct("<II")
 
 # u64 slot indices in the header (byte offset // 8).
@@ -82,8 +83,10 @@ def segment_size(capacity: int) -> int:
 
 
 def check_capacity(capacity: int) -> None:
-    if capacity < 64 or capacity & (capacity - 1):
-        raise ValueError(f"ring capacity must be a power of two >= 64 bytes, got {capacity}")
+    if capacity < 64 or capacity & (capacity - 1) or capacity > MAX_CAPACITY:
+        raise ValueError(
+            f"ring capacity must be a power of two from 64 bytes to 4 GiB, got {capacity}"
+        )
 
 
 class RingLayout:

@@ -151,13 +151,16 @@ def test_arrays_of_every_shape_and_dtype_cross_inside_a_message() -> None:
 
 
 def test_a_message_msgpack_cannot_carry_falls_back_to_pickle() -> None:
-    for extra in (torch.arange(4), 2**70, np.int64(3)):
+    structured = np.zeros(2, dtype=[("a", "<i4"), ("b", "<f4")])
+    for extra in (torch.arange(4), 2**70, np.int64(3), structured, np.array([None, 1])):
         msg = Sample("r", np.arange(3), extra=extra)
         out = codec.loads(joined(codec.dumps(msg)))
         assert type(out) is Sample
         np.testing.assert_array_equal(out.ids, np.arange(3))
         if isinstance(extra, torch.Tensor):
             assert torch.equal(out.extra, extra)
+        elif isinstance(extra, np.ndarray):
+            assert out.extra.dtype == extra.dtype and (out.extra == extra).all()
         else:
             assert out.extra == extra and type(out.extra) is type(extra)
 

@@ -196,9 +196,20 @@ async def test_attaching_to_a_missing_ring_says_so() -> None:
         RingReceiver.attach(spec)
 
 
-def test_capacity_must_be_a_power_of_two() -> None:
-    with pytest.raises(ValueError, match="power of two"):
-        Ring.create(new_run_prefix(), "odd", capacity=5000)
+def test_capacity_must_be_a_power_of_two_that_frame_headers_can_address() -> None:
+    for capacity in (5000, 32, 1 << 33):  # a frame's length is a u32
+        with pytest.raises(ValueError, match="power of two from 64 bytes to 4 GiB"):
+            Ring.create(new_run_prefix(), "odd", capacity=capacity)
+
+
+async def test_the_peak_is_a_level_the_ring_reached(pair) -> None:
+    tx, _ = pair
+    sent = 0
+    with pytest.raises(WouldBlock):
+        while True:
+            tx.send_nowait(b"x" * 100)
+            sent += 1
+    assert tx.statistics().peak_bytes_in_use == sent * 112 < CAP  # not the frame that did not fit
 
 
 async def test_marks_count_consumers_that_died_handling_a_frame(ring, pair) -> None:
