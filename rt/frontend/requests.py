@@ -5,6 +5,7 @@ is sent: an InvalidRequestError that names the argument."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from rt.frontend.table import Record
 from rt.gpu.sampling_params import SEED_MASK, SamplingParams
 from rt.messages import GenerateRequest
 from rt.outputs import Completion, GenerateOutput, Meta
+from rt.shm import codec
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 OTHER_FIELDS = {
@@ -62,7 +64,10 @@ def build_request(prompt: Any, options: Mapping[str, Any], vocab_size: int) -> G
     rid = options.get("rid") or uuid.uuid4().hex
     if not isinstance(rid, str):
         raise InvalidRequestError(f"rid: expected a string, got {rid!r}")
-    return GenerateRequest(
+    priority = options.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidRequestError(f"priority: expected an integer, got {priority!r}")
+    req = GenerateRequest(
         rid=rid,
         text=text,
         input_ids=input_ids,
@@ -74,8 +79,25 @@ def build_request(prompt: Any, options: Mapping[str, Any], vocab_size: int) -> G
             stop,
         ),
         allow_auto_truncate=bool(options.get("allow_auto_truncate", False)),
-        priority=int(options.get("priority", 0)),
+        priority=priority,
     )
+    try:  # what the tokenizer will read: a value of the wrong type fails here, not there
+        received: GenerateRequest = codec.as_received(req)
+    except ValueError as err:
+        raise InvalidRequestError(f"a parameter has the wrong type: {_named(err)}") from err
+    return received
+
+
+def _named(err: ValueError) -> str:
+    """msgspec's path into the request (an array: the tag, then the fields)
+    with the field's name: ``$[4][0]`` becomes ``messages[0]``."""
+    fields = GenerateRequest.__struct_fields__
+
+    def name(match: re.Match[str]) -> str:
+        index = int(match.group(1)) - 1
+        return fields[index] if 0 <= index < len(fields) else match.group(0)
+
+    return re.sub(r"\$\[(\d+)\]", name, str(err))
 
 
 def _prompt(prompt: Any, options: Mapping[str, Any]) -> tuple[Any, Any, Any]:

@@ -65,6 +65,8 @@ class SamplingParams:
         _float_in("repetition_penalty", self.repetition_penalty, 0.0, None, low_open=True)
         _int_in("n", self.n, 1, 1024)
         _int_in("top_logprobs", self.top_logprobs, 0, min(vocab_size, 1024))
+        _bool("ignore_eos", self.ignore_eos)
+        _bool("logprobs", self.logprobs)
         if self.seed is not None:
             _int_in("seed", self.seed, 0, SEED_MASK)
         for tok in self.stop_token_ids:
@@ -76,6 +78,11 @@ class SamplingParams:
         for tok, bias in self.logit_bias.items():
             _token("logit_bias", tok, vocab_size)
             _float_in(f"logit_bias[{tok}]", bias, -100.0, 100.0)
+
+
+def _bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name}: expected true or false, got {value!r}")
 
 
 def _int_in(name: str, value: object, low: int | None, high: int | None) -> None:

@@ -14,16 +14,20 @@ the scheduler and the frontend recognise a result sent twice by its rid.
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
 from rt.actors import Actor, ActorContext
 from rt.actors.mailbox import Inbox
-from rt.errors import Broken, EndOfChannel, RequestFailedError, WouldBlock
+from rt.errors import Broken, EndOfChannel, InvalidRequestError, RequestFailedError, WouldBlock
 from rt.messages import GenerateRequest, Refused
 from rt.pipeline.mail import RETRY_S, send
 from rt.shm import Frame, codec
 from rt.tok.core import TokenizerCore, refuse
 from rt.tok.load import load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class TokenizerActor(Actor):
@@ -60,8 +64,13 @@ class TokenizerActor(Actor):
             reqs: list[GenerateRequest] = []
             refused: list[Refused] = []
             for frame in frames:
-                req = codec.loads(frame.data)
-                if inbox.mark(frame) > self.max_crashes:
+                crashes = inbox.mark(frame)
+                try:
+                    req = codec.loads(frame.data)
+                except Exception as err:  # unreadable: refuse it, never crash on it
+                    refused += unreadable(frame, err)
+                    continue
+                if crashes > self.max_crashes:
                     refused.append(refuse(req.rid, poisoned(req.rid, self.max_crashes)))
                     continue
                 await ctx.faults.point("tokenize", key=req.text or "")
@@ -102,6 +111,19 @@ class TokenizerActor(Actor):
                 frames.append(inbox.receive_nowait())
             except (WouldBlock, EndOfChannel):
                 return
+
+
+def unreadable(frame: Frame, err: Exception) -> list[Refused]:
+    """A request frame that does not decode (the frontend checks each request
+    before sending it, so only a corrupted frame gets here). Refused by its
+    rid if that much can be read; else there is nobody to tell, and it is
+    dropped with a log line rather than crash the tokenizer again and again."""
+    fields = codec.peek_fields(frame.data)
+    rid = fields[1] if fields and len(fields) > 1 and isinstance(fields[1], str) else None
+    if rid is None:
+        log.error("dropped an unreadable request frame at offset %d: %s", frame.offset, err)
+        return []
+    return [refuse(rid, InvalidRequestError(f"request {rid} could not be read: {err}"))]
 
 
 def poisoned(rid: str, crashes: int) -> RequestFailedError:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -16,6 +17,7 @@ import rt
 import rt.actors
 from rt.errors import InvalidRequestError, RequestFailedError
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
+from rt.messages import GenerateRequest
 from rt.tok.load import load_tokenizer
 
 OPTIONS: dict[str, Any] = dict(max_total_tokens=8192, ring_capacity=1 << 20)
@@ -156,6 +158,23 @@ async def test_bad_requests_get_clear_errors_and_hurt_nobody(tiny_model) -> None
             messages=[{"role": "user", "content": "hi"}], max_new_tokens=4, temperature=0.0
         )
         assert chat.meta.prompt_tokens > 3
+
+
+async def test_unreadable_frames_do_not_crash_the_tokenizer(tiny_model) -> None:
+    # The frontend checks each request before sending it, so only corruption
+    # puts an unreadable frame in the tokenizer's inbox. Put two there by hand:
+    # one whose rid can be read (refused by rid), one that is noise (dropped).
+    wrong_type = msgspec.msgpack.encode(
+        GenerateRequest("bad-1", text="hi", sampling=SamplingParams(logprobs=2))  # type: ignore[arg-type]
+    )
+    noise = b"\x93\xa3bad\xc1"
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        for frame in (wrong_type, noise):
+            await engine._to_tok[0].send(frame)
+        out = await engine.generate("still fine", max_new_tokens=4, temperature=0.0)
+        assert out.meta.completion_tokens >= 1
+        tokenizer = next(a for a in engine.actors() if a.name == "tokenizer0")
+        assert tokenizer.restart_count == 0
 
 
 def pid_of(engine: rt.Engine, name: str) -> int:
