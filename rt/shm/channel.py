@@ -272,7 +272,6 @@ class RingReceiver(Endpoint):
         self._empty_message = f"ring {spec.name!r} is empty"
         self._waiter = Waiter(spec.data_fd, self.set_sleeping)
         self._head_seen = self._read  # the producer's head when we last read it
-        self._data = self._ring.data
         self._words = self._ring.words
         self._map = self._segment.buf
         self._map_base = _DATA + 8  # a frame's payload in the mapping, after its header
@@ -317,7 +316,7 @@ class RingReceiver(Endpoint):
             length, kind = length & 0xFFFFFFFF, length >> 32
             data = self._ring.read_payload(at, length)
             if kind == layout.KIND_SIDE:
-                data, self._sides[at + 8 + ((length + 7) & ~7)] = _read_side(data)
+                data, self._sides[at + layout.frame_size(length)] = _read_side(data)
         self._read = at + 8 + ((length + 7) & ~7)
         self._received += 1
         return data

@@ -215,8 +215,7 @@ def _dtype(head: bytes) -> Any:
     return dtype
 
 
-_encoder_msgpack = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
-_encode_msgpack = _encoder_msgpack.encode
+_encode_msgpack = msgspec.msgpack.Encoder(enc_hook=_enc_hook).encode
 
 
 def dumps(obj: Any, *, code: bool = False) -> bytes | list[bytes | memoryview]:
