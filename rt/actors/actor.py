@@ -20,7 +20,8 @@ cancelled, a normal exit)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import ClassVar
 
 from rt.actors.faults import Faults
@@ -56,6 +57,25 @@ class ActorContext:
     def beat(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.beat()
+
+    @contextmanager
+    def handling_requests(self) -> Iterator[None]:
+        """Wrap work on client requests (a tokenizer batch, a scheduler step): a
+        death inside is charged to those requests (poison marks, quarantine), not
+        to this actor's restart intensity; so is an exception escaping it (the
+        flag stays set: the actor is about to die of it). Not reentrant."""
+        if self._heartbeat is None:
+            yield
+            return
+        self._heartbeat.set_handling(True)
+        try:
+            yield
+        except Exception:
+            raise
+        except BaseException:  # cancelled (stopping): not a crash
+            self._heartbeat.set_handling(False)
+            raise
+        self._heartbeat.set_handling(False)
 
     async def tick(self) -> None:
         """One iteration of an actor's own loop: heartbeat, then point ``loop``."""

@@ -8,6 +8,10 @@
 3. Run the actor under ``trio.run`` with a heartbeat timer, a SIGTERM handler
    (cancel, exit 0) and a watch on the control socket (EOF: the parent died).
 
+A start-up error or a crash is reported as its traceback and
+:func:`describe_error`'s one line: the innermost real exception, not the last
+line of an exception group's traceback.
+
 This module imports nothing heavy: the restore time of a light actor is the
 interpreter's start plus trio's import.
 """
@@ -22,6 +26,7 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from contextlib import ExitStack
 
 import trio
@@ -43,6 +48,31 @@ def arm_parent_death(parent_pid: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:
         os._exit(EXIT_ORPHANED)
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message`` (first line) of the exception an error comes down to:
+    through exception groups (a nursery wraps what its tasks raise) to the first
+    leaf that is not ``trio.Cancelled`` (the siblings the failure cancelled)."""
+    leaves = list(_leaves(error))
+    leaf = next((e for e in leaves if not isinstance(e, trio.Cancelled)), leaves[0])
+    cls = type(leaf)
+    name = cls.__qualname__
+    if cls.__module__ not in ("builtins", "__main__"):  # as a traceback names it
+        name = f"{cls.__module__}.{name}"
+    try:
+        message = str(leaf).strip().partition("\n")[0]
+    except Exception:
+        message = "<str() of the exception failed>"
+    return f"{name}: {message}" if message else name
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
 
 
 def _attach(boot: ChildBoot, stack: ExitStack) -> ActorContext:
@@ -98,12 +128,14 @@ async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
             startup = getattr(actor, "startup", None)  # optional for duck-typed actors
             if startup is not None:
                 await startup(ctx)
-        except Exception:
-            ctl.sendall(wire.encode(("startup_error", traceback.format_exc())))
+        except Exception as err:
+            report = ("startup_error", traceback.format_exc(), describe_error(err))
+            ctl.sendall(wire.encode(report))
             return 1
         ctl.sendall(wire.encode(("ready",)))
         ctl.setblocking(False)
-        crash, code = None, 0
+        crash: tuple[str, str, str] | None = None
+        code = 0
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_beat_forever, ctx, boot.heartbeat_interval)
             nursery.start_soon(_exit_when_parent_gone, ctl)
@@ -114,13 +146,13 @@ async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
                 code = exit.code if isinstance(exit.code, int) else 1
             except EndOfChannel:  # a producer closed its ring cleanly: a normal end
                 code = 0
-            except Exception:
-                crash = traceback.format_exc()
+            except Exception as err:
+                crash = ("crashed", traceback.format_exc(), describe_error(err))
             nursery.cancel_scope.cancel()
         if crash is not None:
-            sys.stderr.write(f"actor {boot.name!r} (pid {os.getpid()}) crashed:\n{crash}")
+            sys.stderr.write(f"actor {boot.name!r} (pid {os.getpid()}) crashed:\n{crash[1]}")
             ctl.setblocking(True)
-            ctl.sendall(wire.encode(("crashed", crash)))
+            ctl.sendall(wire.encode(crash))
             return 1
         return code
 
@@ -140,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.path[:] = sys_path
     try:
         boot: ChildBoot = pickle.loads(payload)
-    except Exception:
-        ctl.sendall(wire.encode(("startup_error", traceback.format_exc())))
+    except Exception as err:
+        ctl.sendall(wire.encode(("startup_error", traceback.format_exc(), describe_error(err))))
         sys.exit(1)
     sys.exit(trio.run(run_child, boot, ctl))
 

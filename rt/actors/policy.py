@@ -59,7 +59,9 @@ class Backoff:
 
     A crash after the child ran at least ``reset_after`` seconds starts a new
     streak (delay 0); each further quick crash doubles the delay from
-    ``initial``, capped at ``maximum``.
+    ``initial``, capped at ``maximum``. A crash charged to the requests the
+    child had in hand (``with_requests``) counts in the streak but waits at
+    most ``initial``.
     """
 
     initial: float
@@ -67,10 +69,16 @@ class Backoff:
     reset_after: float
     streak: int = 0
 
-    def next_delay(self, ran_for: float) -> float:
+    def next_delay(self, ran_for: float, *, with_requests: bool = False) -> float:
         if ran_for >= self.reset_after:
             self.streak = 0
         self.streak += 1
         if self.streak == 1 or self.initial == 0:
             return 0.0
-        return min(self.maximum, self.initial * 2.0 ** (self.streak - 2))
+        delay = min(self.maximum, self.initial * 2.0 ** (self.streak - 2))
+        # An actor refuses a poison request only once it has crashed with it in
+        # hand K times, and every other request waits on those restarts: doubling
+        # would make isolating n poison requests cost up to n * K * maximum. The
+        # initial delay still keeps a floor under the restart rate of an actor
+        # that crashes at every request.
+        return min(delay, self.initial) if with_requests else delay

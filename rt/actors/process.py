@@ -54,6 +54,7 @@ class ChildProcess:
         self.returncode: int | None = None
         self.exited_at: float | None = None  # time.monotonic() when the exit was seen
         self.report: str | None = None  # the traceback a crashing child sent
+        self.error: str | None = None  # and its innermost exception, "Type: message"
         self.killed_after_grace = False
         self._popen = popen
         self._ctl = ctl
@@ -110,8 +111,10 @@ class ChildProcess:
             await self.wait()
         code = await self.kill()  # a no-op unless something kept it alive
         if message is not None and message[0] == "startup_error":
+            _, child_traceback, error = message
             raise ActorStartupError(
-                f"actor {self.name!r} (pid {self.pid}) raised during start-up", message[1]
+                f"actor {self.name!r} (pid {self.pid}) raised during start-up: {error}",
+                child_traceback,
             )
         raise ActorStartupError(
             f"actor {self.name!r} (pid {self.pid}) exited before reporting ready "
@@ -121,7 +124,7 @@ class ChildProcess:
     def _release(self) -> None:
         message = wire.recv_buffered(self._ctl)
         if message is not None and message[0] == "crashed":
-            self.report = message[1]
+            _, self.report, self.error = message
         self._ctl.close()
         trio.lowlevel.notify_closing(self._pidfd)
         os.close(self._pidfd)

@@ -17,7 +17,9 @@ class ActorState(enum.StrEnum):
 @dataclass(frozen=True)
 class ActorStatus:
     """One child. Times are ``time.monotonic()`` seconds; ``heartbeat_age`` is
-    how long ago the child last advanced its heartbeat (None: not running)."""
+    how long ago the child last advanced its heartbeat (None: not running).
+    ``request_crashes`` counts the abnormal exits charged to the requests the
+    child had in hand: restarted, but not counted toward escalation."""
 
     name: str
     pid: int | None
@@ -28,6 +30,7 @@ class ActorStatus:
     heartbeat_age: float | None
     ready_at: float | None  # when the current incarnation reported ready
     last_exit_at: float | None  # when the supervisor saw the last exit
+    request_crashes: int = 0
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,29 @@
 
 One task per running child waits on its pidfd (exit is seen at once) and
 watches its heartbeat (a hang is seen after ``watchdog_timeout``); both post
-an exit event. The supervisor task handles events one at a time: it applies
-the restart type, the intensity, the strategy and the backoff (the pure
-decisions live in :mod:`rt.actors.policy`), stopping and starting children
-itself. A child that is a :class:`SupervisorSpec` runs as a sub-supervisor
-in this process; it fails, as one child, when it escalates. The root creates
-every ring of the tree, so a restarted subtree reattaches to the same rings.
+an exit event. One task decides, event by event: the restart type, the
+intensity, the strategy and the backoff (the pure decisions live in
+:mod:`rt.actors.policy`). The restarts it decides run as tasks of their own,
+so one child's backoff or slow start-up delays no other child: under
+``one_for_one`` each child's restarts run in order on a lane of their own;
+under ``one_for_all`` and ``rest_for_one``, whose groups always overlap, every
+restart runs in order on one lane, each stopping its group in reverse start
+order, then starting it in start order.
+
+An abnormal exit while the child had client requests in hand (the flag in its
+heartbeat slot, see :mod:`rt.actors.heartbeat`) is charged to those requests,
+which the actors isolate and refuse themselves: the child is restarted, with
+at most the initial backoff, and the exit is not counted toward the intensity,
+so a stream of poison requests never escalates.
+
+A child that is a :class:`SupervisorSpec` runs as a sub-supervisor in this
+process; it fails, as one child, when it escalates. The root creates every
+ring of the tree, so a restarted subtree reattaches to the same rings.
 
 Cancelling :meth:`Supervisor.run` (or SIGINT/SIGTERM with ``handle_signals``)
 stops the tree depth first in reverse start order, each actor by SIGTERM then
-SIGKILL after its grace period, and unlinks every segment.
+SIGKILL after its grace period, and unlinks every segment; under
+:func:`open_supervisor` the rings are unlinked only once its body has exited.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -33,7 +47,7 @@ from rt.actors.faultplan import BUILTIN_POINTS, FaultPlan
 from rt.actors.heartbeat import HeartbeatTable
 from rt.actors.policy import Backoff, RestartIntensity, affected, should_restart
 from rt.actors.process import ChildProcess, describe_exit, spawn
-from rt.actors.spec import ActorSpec, Restart, SupervisorSpec
+from rt.actors.spec import ActorSpec, Restart, Strategy, SupervisorSpec
 from rt.actors.status import ActorState, ActorStatus, SupervisorStatus
 from rt.errors import ActorStartupError, EscalationError
 from rt.shm import Ring
@@ -57,6 +71,7 @@ class _Child:
     incarnation: int = 0
     live: bool = False  # the current incarnation's exit is still to be handled
     restart_count: int = 0
+    request_crashes: int = 0  # abnormal exits charged to the requests it had in hand
     reasons: deque[str] = field(default_factory=lambda: deque(maxlen=5))
     ready_at: float | None = None
     ready_ns: int = 0
@@ -71,11 +86,14 @@ class _Exit:
     abnormal: bool
     at: float
     error: BaseException | None = None
+    with_requests: bool = False  # abnormal, with client requests in hand
 
 
-def _last_line(text: str | None) -> str:
-    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
+@dataclass(frozen=True)
+class _Restart:
+    failed: _Child
+    event: _Exit
+    delay: float  # the backoff before starting again
 
 
 class Supervisor:
@@ -142,6 +160,7 @@ class Supervisor:
                     else None,
                     ready_at=c.ready_at,
                     last_exit_at=c.last_exit_at,
+                    request_crashes=c.request_crashes,
                 )
                 for c in self._children
             ),
@@ -161,7 +180,10 @@ class Supervisor:
 
     def ring(self, name: str) -> Ring:
         """The :class:`rt.shm.Ring` declared as ``name``, to attach the parent's end
-        to. Close that end before the supervisor stops: it unlinks every ring."""
+        to. Under :func:`open_supervisor` the rings stay open until its body has
+        exited, so close your ends in the body (a ``finally`` is fine); a supervisor
+        started with ``nursery.start(sup.run)`` unlinks them when ``run`` returns:
+        close your ends before."""
         try:
             return self._rings[name]
         except KeyError:
@@ -170,9 +192,19 @@ class Supervisor:
     async def run(
         self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Start every child, supervise until cancelled, then stop everything.
-        Raises EscalationError (after the clean shutdown) if the intensity is exceeded.
-        A supervisor runs once; build a new one to run again."""
+        """Start every child, supervise until cancelled, then stop everything and
+        unlink every segment. Raises EscalationError (after the clean shutdown) if
+        the intensity is exceeded. A supervisor runs once; build a new one to run again."""
+        await self._run(close_rings=True, task_status=task_status)
+
+    async def _run(
+        self,
+        *,
+        close_rings: bool,
+        task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """:meth:`run`. ``close_rings=False`` leaves the root's rings open for
+        :meth:`_close_rings` (open_supervisor's, once its body has exited)."""
         if self._nursery is not None:
             raise RuntimeError(f"supervisor {self.spec.name!r} has already run; make a new one")
         if self._parent is None:
@@ -202,7 +234,9 @@ class Supervisor:
                         await self._stop_children()
                     nursery.cancel_scope.cancel()
         finally:
-            self._close_segments()
+            self._close_heartbeats()
+            if close_rings:
+                self._close_rings()
         if self._escalation is not None:
             raise self._escalation
 
@@ -215,14 +249,17 @@ class Supervisor:
             for decl in self.spec.all_rings():
                 self._rings[decl.name] = Ring.create(self.prefix, decl.name, decl.capacity)
 
-    def _close_segments(self) -> None:
-        if self._parent is None:
-            for ring in self._rings.values():
-                ring.close()
+    def _close_heartbeats(self) -> None:
         if self._heartbeats is not None:
             self._heartbeats.close()
             self._heartbeats = None
         self._notify()
+
+    def _close_rings(self) -> None:
+        """Unlink the rings and close their doorbells (the root's: it owns them)."""
+        if self._parent is None:
+            for ring in self._rings.values():
+                ring.close()
 
     def _watchdog_timeout(self, spec: ActorSpec) -> float:
         return spec.watchdog_timeout or self.spec.watchdog_timeout
@@ -237,6 +274,7 @@ class Supervisor:
             await self._start_subtree(child)
             return
         spec = child.spec
+        self._heartbeats.reset(child.index)  # no beat yet, no requests in hand
         boot = ChildBoot(
             name=spec.name,
             factory=spec.factory,
@@ -256,7 +294,8 @@ class Supervisor:
                 boot, pass_fds=fds, env=spec.env, startup_timeout=spec.startup_timeout
             )
         except ActorStartupError as err:
-            reason = f"startup failed: {_last_line(err.child_traceback) or err}"
+            first_line = str(err).partition("\n")[0]  # the traceback follows it
+            reason = f"startup failed: {first_line}"
             self._events.send_nowait(
                 _Exit(child.index, child.incarnation, reason, True, time.monotonic(), err)
             )
@@ -316,12 +355,17 @@ class Supervisor:
             code = await proc.wait()
             nursery.cancel_scope.cancel()
         at = proc.exited_at or time.monotonic()
+        abnormal = code != 0 or bool(stuck)
         reason = stuck[0] if stuck else describe_exit(code)
-        if proc.report:
-            reason += f" ({_last_line(proc.report)})"
-        assert self._events is not None
+        if proc.error:
+            reason += f" ({proc.error})"
+        assert self._heartbeats is not None and self._events is not None
+        # Read now: the slot is reset only when the child starts again, after this event.
+        with_requests = abnormal and self._heartbeats.handling(child.index)
+        if with_requests:
+            reason += " (with requests in hand: not counted toward escalation)"
         self._events.send_nowait(
-            _Exit(child.index, incarnation, reason, code != 0 or bool(stuck), at)
+            _Exit(child.index, incarnation, reason, abnormal, at, with_requests=with_requests)
         )
 
     async def _watchdog(self, child: _Child, proc: ChildProcess, stuck: list[str]) -> None:
@@ -345,29 +389,64 @@ class Supervisor:
     # -- deciding -------------------------------------------------------------
 
     async def _supervise(self, events: trio.MemoryReceiveChannel[_Exit]) -> None:
-        async for event in events:
-            child = self._children[event.index]
-            if not child.live or event.incarnation != child.incarnation:
-                continue  # an exit the supervisor caused, already handled
-            child.live, child.proc = False, None
-            child.reasons.append(event.reason)
-            child.last_exit_at = event.at
-            if not should_restart(child.spec.restart, event.abnormal):
-                child.state = ActorState.FAILED if event.abnormal else ActorState.STOPPED
-                log.warning(
-                    "actor %r exited (%s); %s, not restarted",
-                    child.spec.name,
-                    event.reason,
-                    child.spec.restart.value,
-                )
-                self._notify()
-                continue
-            if not self._intensity.record(time.monotonic()):
-                child.state = ActorState.FAILED
-                self._escalate(child, event)
-                return
-            log.warning("actor %r exited (%s): restarting", child.spec.name, event.reason)
-            await self._restart(child, event)
+        """Decide on each exit in turn; the restarts decided run on lanes of their
+        own, so the next exit is decided on at once."""
+        lanes: dict[int, trio.MemorySendChannel[_Restart]] = {}
+        async with trio.open_nursery() as restarts:
+            async for event in events:
+                restart = self._decide(event)
+                if self._escalation is not None:
+                    restarts.cancel_scope.cancel()  # restarts under way: everything stops
+                    return
+                if restart is None:
+                    continue
+                # Restarts whose groups overlap run in order on one lane, so no child
+                # is started by two at once and a later failure's group restart comes
+                # after an earlier one's. Under one_for_one a group is its child;
+                # under one_for_all and rest_for_one every group holds the last child.
+                lane = restart.failed.index if self.spec.strategy is Strategy.ONE_FOR_ONE else -1
+                if lane not in lanes:
+                    lanes[lane], queue = trio.open_memory_channel[_Restart](math.inf)
+                    restarts.start_soon(self._restart_in_order, queue)
+                lanes[lane].send_nowait(restart)
+
+    def _decide(self, event: _Exit) -> _Restart | None:
+        """Book one exit; the restart it calls for, if any (None also when it escalates)."""
+        child = self._children[event.index]
+        if not child.live or event.incarnation != child.incarnation:
+            return None  # an exit the supervisor caused, or one a group restart replaces
+        child.live, child.proc = False, None
+        child.reasons.append(event.reason)
+        child.last_exit_at = event.at
+        if event.with_requests:
+            child.request_crashes += 1
+        if not should_restart(child.spec.restart, event.abnormal):
+            child.state = ActorState.FAILED if event.abnormal else ActorState.STOPPED
+            log.warning(
+                "actor %r exited (%s); %s, not restarted",
+                child.spec.name,
+                event.reason,
+                child.spec.restart.value,
+            )
+            self._notify()
+            return None
+        # An exit charged to the requests in hand is not the child's own failure:
+        # the actors isolate and refuse poison requests, so it never escalates.
+        if not event.with_requests and not self._intensity.record(time.monotonic()):
+            child.state = ActorState.FAILED
+            self._escalate(child, event)
+            return None
+        log.warning("actor %r exited (%s): restarting", child.spec.name, event.reason)
+        child.state = ActorState.RESTARTING
+        for i in affected(self.spec.strategy, child.index, len(self._children)):
+            other = self._children[i]
+            if other.live:  # its group restart stops it: an exit before then is not its own
+                other.live = False
+                other.state = ActorState.RESTARTING
+        ran_for = event.at - child.ready_at if child.ready_at and event.error is None else 0.0
+        delay = child.backoff.next_delay(ran_for, with_requests=event.with_requests)
+        self._notify()
+        return _Restart(child, event, delay)
 
     def _escalate(self, child: _Child, event: _Exit) -> None:
         self._escalation = EscalationError(
@@ -380,23 +459,32 @@ class Supervisor:
         log.error("%s", self._escalation)
         self._notify()
 
-    async def _restart(self, failed: _Child, event: _Exit) -> None:
+    async def _restart_in_order(self, queue: trio.MemoryReceiveChannel[_Restart]) -> None:
+        async for restart in queue:
+            await self._restart(restart)
+
+    async def _restart(self, restart: _Restart) -> None:
+        failed, event = restart.failed, restart.event
+        if failed.incarnation != event.incarnation:
+            # An earlier restart on this lane started it again after this exit, and
+            # with it this exit's whole group (any group holding a child holds the
+            # group its strategy restarts with it): nothing is left to do.
+            return
         group = [
             self._children[i]
             for i in affected(self.spec.strategy, failed.index, len(self._children))
         ]
-        failed.state = ActorState.RESTARTING
         for other in reversed(group):
-            if other is not failed and other.live:
+            if other is not failed and (other.proc is not None or other.scope is not None):
                 other.live = False
                 other.state = ActorState.RESTARTING
                 await self._stop_child(other)
         self._notify()
-        ran_for = event.at - failed.ready_at if failed.ready_at and event.error is None else 0.0
-        delay = failed.backoff.next_delay(ran_for)
-        if delay:
-            log.info("actor %r: backing off %.2f s before restarting", failed.spec.name, delay)
-            await trio.sleep(delay)
+        if restart.delay:
+            log.info(
+                "actor %r: backing off %.2f s before restarting", failed.spec.name, restart.delay
+            )
+            await trio.sleep(restart.delay)
         for member in group:
             if member.state is not ActorState.RESTARTING:
                 continue
@@ -451,9 +539,17 @@ class Supervisor:
 async def open_supervisor(spec: SupervisorSpec, **options: Any) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the body of the ``async with``; every child is ready
     on entry, and everything is stopped and unlinked on exit. An escalation
-    cancels the body and comes out as an ExceptionGroup holding EscalationError."""
+    cancels the body and comes out as an ExceptionGroup holding EscalationError.
+    The rings stay open until the body has exited, so the body may close the
+    ends it attached (or send on them) in its own ``finally``."""
     supervisor = Supervisor(spec, **options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(supervisor.run)
-        yield supervisor
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(supervisor._run, close_rings=False))
+            yield supervisor
+            nursery.cancel_scope.cancel()
+    finally:
+        # Only here: an escalation stops the children and ends ``_run`` before the
+        # nursery cancels the body, whose ``finally`` may still ring the doorbells
+        # of its ends (closed fds then, or worse, fd numbers reused meanwhile).
+        supervisor._close_rings()

@@ -78,3 +78,37 @@ class BlocksSigterm(Actor):
         while True:
             await ctx.tick()
             await trio.sleep(0.05)
+
+
+class DiesWithRequests(Actor):
+    """Dies at once, by ``os._exit(1)`` or (``sigkill``) SIGKILL: inside
+    ``ctx.handling_requests()`` while its incarnation is at most ``flagged_until``,
+    outside it (idle) after that."""
+
+    def __init__(self, flagged_until: int = 1 << 30, sigkill: bool = False) -> None:
+        self.flagged_until, self.sigkill = flagged_until, sigkill
+
+    async def run(self, ctx: ActorContext) -> None:
+        if ctx.incarnation > self.flagged_until:
+            self._die()
+        with ctx.handling_requests():
+            self._die()
+
+    def _die(self) -> None:
+        if self.sigkill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(1)
+
+
+class RaisesInANursery(Actor):
+    """Raises ``ValueError("boom")`` from a task of a nursery, beside a sleeping one."""
+
+    async def run(self, ctx: ActorContext) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            nursery.start_soon(_boom)
+
+
+async def _boom() -> None:
+    await trio.sleep(0.01)
+    raise ValueError("boom")

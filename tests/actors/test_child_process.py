@@ -11,6 +11,7 @@ from sample_actors import FailingStartup, Idle
 
 from rt.actors import ActorSpec, RingDecl, SupervisorSpec, open_supervisor
 from rt.actors.boot import ChildBoot
+from rt.actors.child import describe_error
 from rt.actors.heartbeat import HeartbeatTable
 from rt.actors.process import spawn
 from rt.errors import ActorStartupError
@@ -35,7 +36,11 @@ def _boot(table: HeartbeatTable, factory: object) -> ChildBoot:
 async def test_startup_error_carries_the_child_traceback(heartbeats: HeartbeatTable) -> None:
     with pytest.raises(ActorStartupError) as caught, trio.fail_after(20):
         await spawn(_boot(heartbeats, FailingStartup))
-    assert "actor 'solo'" in str(caught.value) and "raised during start-up" in str(caught.value)
+    first_line = str(caught.value).splitlines()[0]
+    assert first_line.startswith("actor 'solo' (pid ")
+    assert first_line.endswith(
+        " raised during start-up: RuntimeError: this actor cannot start: boom"
+    )
     assert "RuntimeError: this actor cannot start: boom" in caught.value.child_traceback
     assert "sample_actors.py" in caught.value.child_traceback
 
@@ -95,3 +100,24 @@ def _fd_targets(pid: int | None) -> set[str]:
         except FileNotFoundError:
             continue
     return targets
+
+
+async def test_describe_error_names_the_innermost_exception() -> None:
+    cancelled = None
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled as err:
+            cancelled = err
+            raise
+    assert cancelled is not None
+    boom = ValueError("boom\nsecond line")
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [boom, KeyError("k")])])
+    assert describe_error(nested) == "ValueError: boom"
+    assert describe_error(BaseExceptionGroup("g", [cancelled, nested])) == "ValueError: boom"
+    assert describe_error(BaseExceptionGroup("g", [cancelled])).startswith("trio.Cancelled: ")
+    assert describe_error(ActorStartupError("failed", "Traceback ...")) == (
+        "rt.errors.ActorStartupError: failed"
+    )
+    assert describe_error(RuntimeError()) == "RuntimeError"

@@ -63,6 +63,13 @@ def test_backoff_resets_after_a_long_run() -> None:
     assert backoff.next_delay(ran_for=60.0) == 0.0
 
 
+def test_backoff_for_crashes_with_requests_in_hand_is_at_most_the_initial_delay() -> None:
+    backoff = Backoff(initial=0.1, maximum=5.0, reset_after=10.0)
+    delays = [backoff.next_delay(ran_for=0.2, with_requests=True) for _ in range(4)]
+    assert delays == [0.0, 0.1, 0.1, 0.1]
+    assert backoff.next_delay(ran_for=0.2) == 0.8  # they count in the crash streak
+
+
 def _noop() -> None:
     pass
 

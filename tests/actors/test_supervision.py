@@ -6,46 +6,24 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 
 import pytest
 import trio
-from sample_actors import BlocksSigterm, ExitAfter, FailingStartup, Idle
+from sample_actors import BlocksSigterm, ExitAfter, FailingStartup, Forward, Idle, RaisesInANursery
+from supervision_lib import TIMEOUT, is_running, quick_spec, wait_until
 
 from rt.actors import (
     ActorSpec,
     ActorState,
     FaultPlan,
     Restart,
+    RingDecl,
     Strategy,
     Supervisor,
-    SupervisorSpec,
-    SupervisorStatus,
     open_supervisor,
 )
 from rt.errors import ActorStartupError, EscalationError
-
-TIMEOUT = 20  # generous: 2 shared cores; each wait below normally ends in < 1 s
-
-
-def _spec(*children: ActorSpec, **options: object) -> SupervisorSpec:
-    options.setdefault("backoff_initial", 0.01)
-    return SupervisorSpec(children=children, **options)  # type: ignore[arg-type]
-
-
-async def _until(
-    sup: Supervisor, predicate: Callable[[SupervisorStatus], bool]
-) -> SupervisorStatus:
-    with trio.fail_after(TIMEOUT):
-        return await sup.wait_for(predicate)
-
-
-def _running(name: str, incarnation: int) -> Callable[[SupervisorStatus], bool]:
-    def check(status: SupervisorStatus) -> bool:
-        actor = status.actor(name)
-        return actor.incarnation == incarnation and actor.state is ActorState.RUNNING
-
-    return check
+from rt.shm import RingReceiver, RingSender
 
 
 @pytest.mark.parametrize(
@@ -59,13 +37,15 @@ def _running(name: str, incarnation: int) -> Callable[[SupervisorStatus], bool]:
 async def test_strategies_restart_the_right_children(
     strategy: Strategy, restarted: set[str]
 ) -> None:
-    spec = _spec(*(ActorSpec(n, Idle) for n in "abc"), strategy=strategy)
+    spec = quick_spec(*(ActorSpec(n, Idle) for n in "abc"), strategy=strategy)
     async with open_supervisor(spec) as sup:
         before = sup.status()
         assert [a.state for a in before.actors] == [ActorState.RUNNING] * 3
         os.kill(before.actor("b").pid, signal.SIGKILL)  # type: ignore[arg-type]
-        after = await _until(sup, _running("b", 2))
-        after = await _until(sup, lambda s: all(a.state is ActorState.RUNNING for a in s.actors))
+        after = await wait_until(sup, is_running("b", 2))
+        after = await wait_until(
+            sup, lambda s: all(a.state is ActorState.RUNNING for a in s.actors)
+        )
         for name in "abc":
             was, now = before.actor(name), after.actor(name)
             if name in restarted:
@@ -77,13 +57,13 @@ async def test_strategies_restart_the_right_children(
 
 
 async def test_transient_restarts_after_a_crash_but_not_after_a_clean_exit() -> None:
-    spec = _spec(
+    spec = quick_spec(
         ActorSpec("clean", ExitAfter, kwargs={"code": 0, "delay": 0.1}, restart=Restart.TRANSIENT),
         ActorSpec("crash", ExitAfter, kwargs={"code": 3, "delay": 0.1}, restart=Restart.TRANSIENT),
         max_restarts=100,
     )
     async with open_supervisor(spec) as sup:
-        status = await _until(
+        status = await wait_until(
             sup,
             lambda s: (
                 s.actor("clean").state is ActorState.STOPPED and s.actor("crash").incarnation >= 2
@@ -96,19 +76,19 @@ async def test_transient_restarts_after_a_crash_but_not_after_a_clean_exit() -> 
 
 
 async def test_permanent_restarts_even_after_a_clean_exit() -> None:
-    spec = _spec(ActorSpec("p", ExitAfter, kwargs={"code": 0, "delay": 0.1}), max_restarts=100)
+    spec = quick_spec(ActorSpec("p", ExitAfter, kwargs={"code": 0, "delay": 0.1}), max_restarts=100)
     async with open_supervisor(spec) as sup:
-        status = await _until(sup, lambda s: s.actor("p").restart_count >= 1)
+        status = await wait_until(sup, lambda s: s.actor("p").restart_count >= 1)
         assert status.actor("p").last_exit_reason == "exit code 0"
 
 
 async def test_temporary_is_never_restarted() -> None:
-    spec = _spec(
+    spec = quick_spec(
         ActorSpec("t", ExitAfter, kwargs={"code": 5, "delay": 0.05}, restart=Restart.TEMPORARY),
         ActorSpec("other", Idle),
     )
     async with open_supervisor(spec) as sup:
-        status = await _until(sup, lambda s: s.actor("t").state is ActorState.FAILED)
+        status = await wait_until(sup, lambda s: s.actor("t").state is ActorState.FAILED)
         assert status.actor("t").restart_count == 0
         assert status.actor("t").last_exit_reason == "exit code 5"
         assert status.actor("other").state is ActorState.RUNNING
@@ -117,14 +97,15 @@ async def test_temporary_is_never_restarted() -> None:
 
 async def test_startup_crash_loop_escalates_after_r_restarts() -> None:
     sup = Supervisor(
-        _spec(ActorSpec("idle", Idle), ActorSpec("doomed", FailingStartup), max_restarts=2)
+        quick_spec(ActorSpec("idle", Idle), ActorSpec("doomed", FailingStartup), max_restarts=2)
     )
     with pytest.raises(EscalationError) as caught:
         with trio.fail_after(TIMEOUT):
             await sup.run()
     message = str(caught.value)
     assert "actor 'doomed' needed more than 2 restarts within 60 s" in message
-    assert "startup failed: RuntimeError: this actor cannot start: boom" in message
+    assert "startup failed: actor 'doomed' (pid " in message
+    assert "raised during start-up: RuntimeError: this actor cannot start: boom" in message
     cause = caught.value.__cause__
     assert isinstance(cause, ActorStartupError)
     assert 'raise RuntimeError("this actor cannot start: boom")' in cause.child_traceback
@@ -136,21 +117,21 @@ async def test_startup_crash_loop_escalates_after_r_restarts() -> None:
 
 
 async def test_backoff_spaces_out_a_crash_loop() -> None:
-    spec = _spec(
+    spec = quick_spec(
         ActorSpec("loop", ExitAfter, kwargs={"code": 1}),
         backoff_initial=0.2,
         backoff_max=0.4,
         max_restarts=100,
     )
     async with open_supervisor(spec) as sup:
-        first = await _until(sup, _running("loop", 2))
-        later = await _until(sup, lambda s: s.actor("loop").incarnation >= 4)
+        first = await wait_until(sup, is_running("loop", 2))
+        later = await wait_until(sup, lambda s: s.actor("loop").incarnation >= 4)
     # incarnations 2, 3, 4 waited 0, 0.2 and 0.4 s after their predecessor's exit
     assert later.actor("loop").last_exit_at - first.actor("loop").ready_at >= 0.2  # type: ignore[operator]
 
 
 async def test_shutdown_stops_in_reverse_order_and_kills_a_child_ignoring_sigterm() -> None:
-    spec = _spec(
+    spec = quick_spec(
         ActorSpec("polite", Idle), ActorSpec("stubborn", BlocksSigterm), shutdown_grace=0.5
     )
     async with open_supervisor(spec) as sup:
@@ -172,7 +153,7 @@ async def test_shutdown_stops_in_reverse_order_and_kills_a_child_ignoring_sigter
 
 
 async def test_a_polite_child_stops_well_within_the_grace_period() -> None:
-    async with open_supervisor(_spec(ActorSpec("polite", Idle), shutdown_grace=5.0)):
+    async with open_supervisor(quick_spec(ActorSpec("polite", Idle), shutdown_grace=5.0)):
         start = trio.current_time()
     assert trio.current_time() - start < 2.0
 
@@ -201,10 +182,12 @@ async def test_a_hung_child_is_killed_and_restarted_by_the_watchdog() -> None:
         }
     )
     timeout = 1.0
-    spec = _spec(ActorSpec("spin", Idle), ActorSpec("nap", Idle), watchdog_timeout=timeout)
+    spec = quick_spec(ActorSpec("spin", Idle), ActorSpec("nap", Idle), watchdog_timeout=timeout)
     async with open_supervisor(spec, fault_plan=plan) as sup:
         first = sup.status()
-        again = await _until(sup, lambda s: _running("spin", 2)(s) and _running("nap", 2)(s))
+        again = await wait_until(
+            sup, lambda s: is_running("spin", 2)(s) and is_running("nap", 2)(s)
+        )
         for name in ("spin", "nap"):
             hang_began = first.actor(name).ready_at + 3 * 0.05  # type: ignore[operator]
             assert again.actor(name).ready_at - hang_began < timeout + 1.0  # type: ignore[operator]
@@ -217,7 +200,7 @@ async def test_a_hung_child_is_killed_and_restarted_by_the_watchdog() -> None:
 
 
 async def test_status_snapshot_is_frozen_and_complete() -> None:
-    async with open_supervisor(_spec(ActorSpec("a", Idle), name="tree")) as sup:
+    async with open_supervisor(quick_spec(ActorSpec("a", Idle), name="tree")) as sup:
         status = sup.status()
         assert status.name == "tree" and status.strategy == "one_for_one" and status.healthy
         actor = status.actor("a")
@@ -235,7 +218,9 @@ async def test_status_snapshot_is_frozen_and_complete() -> None:
 
 async def test_children_stop_when_the_supervisor_is_cancelled() -> None:
     async with trio.open_nursery() as nursery:
-        sup = await nursery.start(Supervisor(_spec(ActorSpec("a", Idle), ActorSpec("b", Idle))).run)
+        sup = await nursery.start(
+            Supervisor(quick_spec(ActorSpec("a", Idle), ActorSpec("b", Idle))).run
+        )
         pids = [a.pid for a in sup.status().actors]
         nursery.cancel_scope.cancel()
     assert all(pid and not os.path.exists(f"/proc/{pid}") for pid in pids)
@@ -256,9 +241,11 @@ async def test_crash_actions_each_end_the_child_as_described() -> None:
         }
     )
     names = ("raiser", "exiter", "killer", "segv", "oom")
-    spec = _spec(*(ActorSpec(n, Idle, restart=Restart.TEMPORARY) for n in names))
+    spec = quick_spec(*(ActorSpec(n, Idle, restart=Restart.TEMPORARY) for n in names))
     async with open_supervisor(spec, fault_plan=plan) as sup:
-        status = await _until(sup, lambda s: all(a.state is ActorState.FAILED for a in s.actors))
+        status = await wait_until(
+            sup, lambda s: all(a.state is ActorState.FAILED for a in s.actors)
+        )
     reasons = {a.name: a.last_exit_reason or "" for a in status.actors}
     assert reasons["raiser"].startswith(
         "exit code 1 (rt.errors.FaultInjected: fault plan rule 0: raise"
@@ -266,13 +253,46 @@ async def test_crash_actions_each_end_the_child_as_described() -> None:
     assert reasons["exiter"] == "exit code 7"
     assert reasons["killer"] == "killed by SIGKILL"
     assert reasons["segv"] == "killed by SIGSEGV"
-    assert reasons["oom"].startswith("startup failed: MemoryError: fault plan rule 4: oom")
+    assert reasons["oom"].startswith("startup failed: actor 'oom' (pid ")
+    assert "raised during start-up: MemoryError: fault plan rule 4: oom" in reasons["oom"]
 
 
 async def test_detection_is_immediate() -> None:
-    async with open_supervisor(_spec(ActorSpec("a", Idle))) as sup:
+    async with open_supervisor(quick_spec(ActorSpec("a", Idle))) as sup:
         pid = sup.status().actor("a").pid
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
-        status = await _until(sup, lambda s: s.actor("a").last_exit_at is not None)
+        status = await wait_until(sup, lambda s: s.actor("a").last_exit_at is not None)
         assert status.actor("a").last_exit_at - killed_at < 0.5  # type: ignore[operator]
+
+
+async def test_a_crash_inside_a_nursery_is_named_by_its_innermost_exception() -> None:
+    spec = quick_spec(ActorSpec("nested", RaisesInANursery, restart=Restart.TEMPORARY))
+    async with open_supervisor(spec) as sup:
+        status = await wait_until(sup, lambda s: s.actor("nested").state is ActorState.FAILED)
+    # not "+------------------------------------", an exception group traceback's last line
+    assert status.actor("nested").last_exit_reason == "exit code 1 (ValueError: boom)"
+
+
+async def test_an_escalation_leaves_the_rings_open_until_the_body_has_exited() -> None:
+    spec = quick_spec(
+        ActorSpec("fwd", Forward, inboxes=("in",), outboxes=("out",)),
+        ActorSpec("doomed", ExitAfter, kwargs={"code": 1, "delay": 0.5}),
+        rings=(RingDecl("in", 4096), RingDecl("out", 4096)),
+        max_restarts=0,
+    )
+    with pytest.raises(BaseExceptionGroup) as caught:
+        with trio.fail_after(TIMEOUT):
+            async with open_supervisor(spec) as sup:
+                tx = RingSender.attach(sup.ring("in").spec)
+                rx = RingReceiver.attach(sup.ring("out").spec)
+                try:
+                    await trio.sleep_forever()  # until the escalation cancels the body
+                finally:
+                    # The children are stopped by now; the rings must still be open:
+                    # closing an end rings the peer's doorbell (an eventfd of the ring).
+                    tx.close()
+                    rx.close()
+    assert caught.group_contains(EscalationError)
+    assert not caught.group_contains(OSError)
+    assert sup.status().escalated is not None
