@@ -5,11 +5,20 @@ queued joins its batch at once; only when a queue has formed (the batch holds
 more than one) does the worker wait up to ``batch_wait_s`` for more, up to
 ``max_batch``. An idle worker adds no wait.
 
-Each request's frame is marked before it is handled; a frame that
-``max_crashes`` workers in a row died handling is a poison message: it is
-refused alone (RequestFailedError) and the rest go on. A batch's frames are
-committed once its results are in the scheduler's and the frontend's rings;
-the scheduler and the frontend recognise a result sent twice by its rid.
+Whatever one request makes raise is its refusal (``TokenizerCore``). What is
+left is the process dying with a batch in hand (a segfault in the Rust
+tokenizer, the OOM killer), which no ``except`` sees. A batch marks only its
+first frame (``Inbox.mark``): any of its frames may be the culprit. A successor
+that finds that mark raised retries the frames from there (the dead batch's,
+and any that joined since: it cannot tell them apart) one at a time, each
+marked, handled, sent and committed alone, so that the next death names its
+culprit. A request is refused (RequestFailedError) once ``max_crashes`` workers
+died with it in hand, one at least with it alone, so a batch's innocents never
+are. These deaths are charged to the requests (``ctx.handling_requests``), not
+to the restart intensity: a flood of poison cannot stop the engine.
+
+Each frame is committed once what it caused is in the scheduler's and the
+frontend's rings; they recognise a result sent twice by its rid.
 """
 
 from __future__ import annotations
@@ -24,10 +33,14 @@ from rt.errors import Broken, EndOfChannel, InvalidRequestError, RequestFailedEr
 from rt.messages import GenerateRequest, Refused
 from rt.pipeline.mail import RETRY_S, send
 from rt.shm import Frame, codec
-from rt.tok.core import TokenizerCore, refuse
+from rt.tok.core import Result, TokenizerCore, refuse
 from rt.tok.load import load_tokenizer
 
 log = logging.getLogger(__name__)
+THREAD_CHARS = 1 << 20  # a batch with more text than this is tokenized in a worker thread
+
+# What handling one frame comes to: its results, a refusal, or nothing (noise dropped).
+Outcome = Result | None
 
 
 class TokenizerActor(Actor):
@@ -60,41 +73,82 @@ class TokenizerActor(Actor):
     async def run(self, ctx: ActorContext) -> None:
         inbox = ctx.inbox[self.inbox]
         while True:
-            frames = await self._batch(ctx)
-            reqs: list[GenerateRequest] = []
-            refused: list[Refused] = []
-            for frame in frames:
-                crashes = inbox.mark(frame)
-                try:
-                    req = codec.loads(frame.data)
-                except Exception as err:  # unreadable: refuse it, never crash on it
-                    refused += unreadable(frame, err)
-                    continue
-                if crashes > self.max_crashes:
-                    refused.append(refuse(req.rid, poisoned(req.rid, self.max_crashes)))
-                    continue
-                await ctx.faults.point("tokenize", key=req.text or "")
-                reqs.append(req)
-            results = self.core.process(reqs) if reqs else []
-            for result in results:
-                if isinstance(result, Refused):
-                    refused.append(result)
-                    continue
-                scheduled, tokenized = result
-                await send(ctx.outbox[self.to_scheduler], scheduled)
-                await send(ctx.outbox[self.to_frontend], tokenized)
-            for msg in refused:
-                await send(ctx.outbox[self.to_frontend], msg)
-            inbox.commit(frames[-1])
+            frames = await self._batch(inbox)
+            crashes = inbox.mark(frames[0])
+            if crashes == 1:
+                await self._handle_batch(ctx, frames)
+            else:  # a predecessor died in a batch that started here
+                await self._handle_apart(ctx, frames, crashes)
 
-    async def _batch(self, ctx: ActorContext) -> list[Frame]:
+    async def _handle_batch(self, ctx: ActorContext, frames: list[Frame]) -> None:
+        with ctx.handling_requests():
+            outcomes = await self._tokenize(ctx, frames)
+        for frame, outcome in zip(frames, outcomes, strict=True):
+            await self._finish(ctx, frame, outcome)
+
+    async def _handle_apart(self, ctx: ActorContext, frames: list[Frame], crashes: int) -> None:
+        """Retry the suspects one at a time: the first frame has ``crashes`` from its mark."""
         inbox = ctx.inbox[self.inbox]
+        for i, frame in enumerate(frames):
+            if i > 0:
+                # It was in that batch (or joined since): one death with it in hand
+                # already, so it is marked twice. A worker dying with it alone leaves 2.
+                crashes = inbox.mark(frame)
+                if crashes == 1:
+                    crashes = inbox.mark(frame)
+            # crashes - 1 workers died with it in hand: the first (its mark at 1) in a
+            # batch, the others with it alone. Refused once max_crashes did, one at least
+            # alone (so max_crashes 1 acts as 2: a death in a batch names nobody).
+            outcome: Outcome
+            if crashes - 1 >= max(self.max_crashes, 2):
+                outcome = poison(frame, crashes - 1)
+            else:
+                with ctx.handling_requests():
+                    (outcome,) = await self._tokenize(ctx, [frame])
+            await self._finish(ctx, frame, outcome)
+
+    async def _tokenize(self, ctx: ActorContext, frames: list[Frame]) -> list[Outcome]:
+        """Decode the frames and tokenize them in one batch: the risky work."""
+        outcomes: list[Outcome] = [None] * len(frames)
+        reqs: dict[int, GenerateRequest] = {}
+        for i, frame in enumerate(frames):
+            try:
+                req = codec.loads(frame.data)
+                if not isinstance(req, GenerateRequest):
+                    raise TypeError(f"expected a GenerateRequest, got {type(req).__name__}")
+            except Exception as err:  # unreadable: refuse it, never crash on it
+                outcomes[i] = unreadable(frame, err)
+                continue
+            await ctx.faults.point("tokenize", key=req.text if isinstance(req.text, str) else "")
+            reqs[i] = req
+        batch = list(reqs.values())
+        if sum(_size(req) for req in batch) > THREAD_CHARS:
+            # A long text takes the tokenizer seconds: off the trio thread, so the
+            # heartbeat goes on and the watchdog does not kill a busy worker.
+            results = await trio.to_thread.run_sync(self.core.process, batch)
+        else:
+            results = self.core.process(batch)
+        for i, result in zip(reqs, results, strict=True):
+            outcomes[i] = result
+        return outcomes
+
+    async def _finish(self, ctx: ActorContext, frame: Frame, outcome: Outcome) -> None:
+        """Send what handling ``frame`` came to, then commit it: it is done."""
+        if isinstance(outcome, Refused):
+            await send(ctx.outbox[self.to_frontend], outcome)
+        elif outcome is not None:
+            scheduled, tokenized = outcome
+            await send(ctx.outbox[self.to_scheduler], scheduled)
+            await send(ctx.outbox[self.to_frontend], tokenized)
+        ctx.inbox[self.inbox].commit(frame)
+
+    async def _batch(self, inbox: Inbox) -> list[Frame]:
         frames = [await self._first(inbox)]
         self._drain(inbox, frames)
         if len(frames) > 1:  # a queue formed: worth waiting a little for more
             with trio.move_on_after(self.batch_wait_s):
                 while len(frames) < self.max_batch:
-                    frames.append(await self._first(inbox))
+                    add(frames, await self._first(inbox))
                     self._drain(inbox, frames)
         return frames
 
@@ -108,26 +162,59 @@ class TokenizerActor(Actor):
     def _drain(self, inbox: Inbox, frames: list[Frame]) -> None:
         while len(frames) < self.max_batch:
             try:
-                frames.append(inbox.receive_nowait())
+                add(frames, inbox.receive_nowait())
             except (WouldBlock, EndOfChannel):
                 return
 
 
-def unreadable(frame: Frame, err: Exception) -> list[Refused]:
+def add(frames: list[Frame], frame: Frame) -> None:
+    """Append, unless it is the frame just received again (a fault plan's duplicate):
+    handled once, it must not be marked again (as if a worker had died on it)."""
+    if frame.offset != frames[-1].offset:
+        frames.append(frame)
+
+
+def rid_of(frame: Frame) -> str | None:
+    """The rid a request frame names, read without building the request."""
+    fields = codec.peek_fields(frame.data)
+    return fields[1] if fields and len(fields) > 1 and isinstance(fields[1], str) else None
+
+
+def _size(req: GenerateRequest) -> int:
+    """Roughly how much text the tokenizer has to read for ``req``."""
+    if isinstance(req.text, str):
+        return len(req.text)
+    return sum(len(str(m.get("content", ""))) for m in req.messages or () if isinstance(m, dict))
+
+
+def unreadable(frame: Frame, err: Exception) -> Refused | None:
     """A request frame that does not decode (the frontend checks each request
     before sending it, so only a corrupted frame gets here). Refused by its
     rid if that much can be read; else there is nobody to tell, and it is
     dropped with a log line rather than crash the tokenizer again and again."""
-    fields = codec.peek_fields(frame.data)
-    rid = fields[1] if fields and len(fields) > 1 and isinstance(fields[1], str) else None
+    rid = rid_of(frame)
     if rid is None:
         log.error("dropped an unreadable request frame at offset %d: %s", frame.offset, err)
-        return []
-    return [refuse(rid, InvalidRequestError(f"request {rid} could not be read: {err}"))]
+        return None
+    return refuse(rid, InvalidRequestError(f"request {rid} could not be read: {err}"))
 
 
-def poisoned(rid: str, crashes: int) -> RequestFailedError:
-    return RequestFailedError(
-        f"request {rid} was in flight in the tokenizer for {crashes} crashes in a row; "
-        "it fails alone so that the others can go on"
+def poison(frame: Frame, deaths: int) -> Refused | None:
+    """The refusal of a frame that workers kept dying on, built without handling it."""
+    rid = rid_of(frame)
+    if rid is None:  # not MessagePack (a pickled request): decoding it is all there is
+        try:
+            req = codec.loads(frame.data)
+        except Exception:
+            req = None
+        if not isinstance(req, GenerateRequest):
+            log.error("dropped a poison frame at offset %d: no rid to refuse", frame.offset)
+            return None
+        rid = req.rid
+    return refuse(
+        rid,
+        RequestFailedError(
+            f"request {rid} was in hand when {deaths} tokenizer workers died, one at "
+            "least with it alone; it fails alone so that the others can go on"
+        ),
     )

@@ -3,17 +3,27 @@
 One call handles a batch: chat messages are rendered with the model's chat
 template, every text is encoded in one call of the (Rust) tokenizer, and
 each request is validated on its own, so a bad request is refused alone.
+
+Whatever one request makes raise is that request's refusal, never the
+caller's exception: a batched tokenizer call that raises is retried text by
+text to find the texts it fails on. Only a death of the process (which no
+``except`` sees) is left to the actor's poison marks.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from rt.errors import ContextOverflowError, InvalidRequestError, RequestError
+from rt.errors import ContextOverflowError, InvalidRequestError, RequestError, RequestFailedError
 from rt.messages import GenerateRequest, Refused, Scheduled, Tokenized
+
+log = logging.getLogger(__name__)
+
+Result = tuple[Scheduled, Tokenized] | Refused
 
 
 class TokenizerCore:
@@ -22,19 +32,17 @@ class TokenizerCore:
         self.context_length = context_length
         self.vocab_size = vocab_size
 
-    def process(
-        self, reqs: Sequence[GenerateRequest]
-    ) -> list[tuple[Scheduled, Tokenized] | Refused]:
+    def process(self, reqs: Sequence[GenerateRequest]) -> list[Result]:
         """One result per request, in order: the request for the scheduler and the
-        ids for the frontend, or why it was refused."""
+        ids for the frontend, or why it was refused. Never raises for a request."""
+        results: list[Result | None] = [None] * len(reqs)
         texts: dict[int, str] = {}
         plain: dict[int, bool] = {}
-        results: list[tuple[Scheduled, Tokenized] | Refused | None] = [None] * len(reqs)
         for i, req in enumerate(reqs):
             try:
                 text = self._text_of(req)
-            except RequestError as err:
-                results[i] = refuse(req.rid, err)
+            except Exception as err:
+                results[i] = refusal(req.rid, err)
                 continue
             if text is not None:
                 texts[i] = text
@@ -43,12 +51,14 @@ class TokenizerCore:
         for i, req in enumerate(reqs):
             if results[i] is not None:
                 continue
-            ids = encoded[i] if i in encoded else list(req.input_ids or ())
             try:
+                ids = encoded[i] if i in encoded else list(req.input_ids or ())
+                if isinstance(ids, Exception):
+                    raise unencodable(ids) from ids
                 results[i] = self._validate(req, ids)
-            except RequestError as err:
-                results[i] = refuse(req.rid, err)
-        return [r for r in results if r is not None]
+            except Exception as err:
+                results[i] = refusal(req.rid, err)
+        return [r for r in results if r is not None]  # every one is set by now
 
     def _text_of(self, req: GenerateRequest) -> str | None:
         given = [
@@ -86,17 +96,31 @@ class TokenizerCore:
             raise InvalidRequestError(f"messages: the chat template failed: {err}") from err
         return str(text)
 
-    def _encode(self, texts: dict[int, str], plain: dict[int, bool]) -> dict[int, list[int]]:
+    def _encode(
+        self, texts: dict[int, str], plain: dict[int, bool]
+    ) -> dict[int, list[int] | Exception]:
         """Encode every text in at most two tokenizer calls (with and without special tokens:
-        a rendered chat template already holds them)."""
-        out: dict[int, list[int]] = {}
+        a rendered chat template already holds them). A call that raises is redone text by
+        text: each text's ids, or what encoding it alone raised."""
+        out: dict[int, list[int] | Exception] = {}
         for add_special in (True, False):
             idx = [i for i in texts if plain[i] == add_special]
-            if idx:
+            if not idx:
+                continue
+            try:
                 batch = self.tokenizer([texts[i] for i in idx], add_special_tokens=add_special)
-                for i, ids in zip(idx, batch["input_ids"], strict=True):
-                    out[i] = list(ids)
+                out.update(zip(idx, map(list, batch["input_ids"]), strict=True))
+            except Exception:
+                for i in idx:
+                    out[i] = self._encode_one(texts[i], add_special)
         return out
+
+    def _encode_one(self, text: str, add_special: bool) -> list[int] | Exception:
+        try:
+            (ids,) = self.tokenizer([text], add_special_tokens=add_special)["input_ids"]
+            return list(ids)
+        except Exception as err:
+            return err
 
     def _validate(self, req: GenerateRequest, ids: list[int]) -> tuple[Scheduled, Tokenized]:
         if not ids:
@@ -136,3 +160,22 @@ class TokenizerCore:
 
 def refuse(rid: str, err: RequestError) -> Refused:
     return Refused(rid, type(err).__name__, str(err))
+
+
+def unencodable(err: Exception) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"the tokenizer could not encode the prompt ({type(err).__name__}: {err}); "
+        "expected text it can encode, such as valid Unicode without lone surrogates"
+    )
+
+
+def refusal(rid: str, err: Exception) -> Refused:
+    """The refusal of the request whose handling raised ``err``: a RequestError as
+    it is; anything else (a bug its input reached) as RequestFailedError, logged."""
+    if isinstance(err, RequestError):
+        return refuse(rid, err)
+    log.error("request %s could not be tokenized", rid, exc_info=err)
+    return refuse(
+        rid,
+        RequestFailedError(f"request {rid} could not be tokenized: {type(err).__name__}: {err}"),
+    )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
+from transformers import PreTrainedTokenizerFast
 
 from rt.gpu.sampling_params import SamplingParams
 from rt.messages import GenerateRequest, Refused
-from rt.tok.core import TokenizerCore
+from rt.tok.core import Result, TokenizerCore
 
 
 @pytest.fixture
@@ -69,3 +72,100 @@ def test_a_model_without_chat_template_says_so(tokenizer) -> None:
     core = TokenizerCore(tokenizer, context_length=64, vocab_size=len(tokenizer))
     (refused,) = core.process([GenerateRequest("c", messages=({"role": "user", "content": "hi"},))])
     assert isinstance(refused, Refused) and "no chat template" in refused.message
+
+
+class Picky:
+    """The real tokenizer, except that any call holding ``bad`` raises (as the Rust
+    binding does on a text it cannot take); ``calls`` records each call's texts."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, bad: str) -> None:
+        self.tokenizer, self.bad = tokenizer, bad
+        self.calls: list[list[str]] = []
+
+    def __call__(self, texts: list[str], **kwargs: Any) -> Any:
+        self.calls.append(list(texts))
+        if any(self.bad in t for t in texts):
+            raise RuntimeError("the tokenizer failed")
+        return self.tokenizer(texts, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)
+
+
+def ids_of(result: Result) -> list[int]:
+    assert not isinstance(result, Refused), result
+    return result[0].input_ids.tolist()
+
+
+def refusal_of(result: Result) -> Refused:
+    assert isinstance(result, Refused), result
+    return result
+
+
+def test_a_text_the_tokenizer_raises_on_is_refused_alone(core, tokenizer) -> None:
+    # A lone surrogate makes the real (Rust) tokenizer raise TypeError, for the
+    # whole batched call: the texts are then encoded one by one.
+    messages = ({"role": "user", "content": "a \ud800 in a chat"},)
+    reqs = [
+        GenerateRequest("ok", text="fine"),
+        GenerateRequest("surrogate", text="a \ud800 b"),
+        GenerateRequest("chat", messages=messages),
+        GenerateRequest("ids", input_ids=(5, 6)),
+        GenerateRequest("ok2", text="also fine"),
+    ]
+    ok, surrogate, chat, ids, ok2 = core.process(reqs)
+    for refused, rid in ((refusal_of(surrogate), "surrogate"), (refusal_of(chat), "chat")):
+        assert (refused.rid, refused.error) == (rid, "InvalidRequestError")
+        assert "could not encode the prompt (TypeError" in refused.message
+    assert ids_of(ok) == tokenizer.encode("fine")
+    assert ids_of(ok2) == tokenizer.encode("also fine")
+    assert ids_of(ids) == [5, 6]
+
+
+def test_a_raising_batch_call_is_retried_text_by_text(tokenizer) -> None:
+    picky = Picky(tokenizer, bad="BAD")
+    core = TokenizerCore(picky, context_length=256, vocab_size=len(tokenizer))
+    reqs = [GenerateRequest(t, text=t) for t in ("one", "BAD two", "three")]
+    one, two, three = core.process(reqs)
+    assert picky.calls == [["one", "BAD two", "three"], ["one"], ["BAD two"], ["three"]]
+    assert "RuntimeError: the tokenizer failed" in refusal_of(two).message
+    assert ids_of(one) == tokenizer.encode("one")
+    assert ids_of(three) == tokenizer.encode("three")
+    (fine,) = core.process([GenerateRequest("fine", text="fine")])
+    assert ids_of(fine) == tokenizer.encode("fine")
+    assert picky.calls[-1] == ["fine"]  # a batch that encodes is one call
+
+
+def test_any_exception_a_request_causes_is_its_refusal(core, tokenizer) -> None:
+    # Fields of the wrong type get here only from a frame that bypassed the
+    # frontend's checks (a pickled request); whatever they raise, the request
+    # is refused alone and the rest of the batch goes on.
+    reqs = [
+        GenerateRequest("ids", input_ids=5),  # type: ignore[arg-type]
+        GenerateRequest("messages", messages=7),  # type: ignore[arg-type]
+        GenerateRequest("sampling", text="x", sampling=None),  # type: ignore[arg-type]
+        GenerateRequest("ok", text="fine"),
+    ]
+    *bad, ok = core.process(reqs)
+    refused = [refusal_of(r) for r in bad]
+    assert [r.rid for r in refused] == ["ids", "messages", "sampling"]
+    assert {r.error for r in refused} == {"RequestFailedError"}
+    assert "request ids could not be tokenized: TypeError" in refused[0].message
+    assert ids_of(ok) == tokenizer.encode("fine")
+
+
+def test_a_chat_template_that_raises_refuses_its_request(tokenizer) -> None:
+    tokenizer = type(tokenizer)(tokenizer_object=tokenizer.backend_tokenizer)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}"
+        "{{ raise_exception('no tool messages') }}{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    core = TokenizerCore(tokenizer, context_length=256, vocab_size=len(tokenizer))
+    reqs = [
+        GenerateRequest("tool", messages=({"role": "tool", "content": "hi"},)),
+        GenerateRequest("user", messages=({"role": "user", "content": "hi"},)),
+    ]
+    tool, user = core.process(reqs)
+    assert isinstance(tool, Refused) and tool.error == "InvalidRequestError"
+    assert "the chat template failed: no tool messages" in tool.message
+    assert ids_of(user) == tokenizer.encode("hi", add_special_tokens=False)
