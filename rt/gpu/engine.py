@@ -13,7 +13,7 @@ import itertools
 import logging
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -75,16 +75,29 @@ class EngineCore:
         input_ids: Sequence[int],
         params: SamplingParams | None = None,
         *,
-        output_ids: Sequence[int] = (),
+        output_ids: Sequence[Sequence[int]] = (),
+        finished: Collection[int] = (),
         priority: int = 0,
     ) -> None:
         """Queue a request; thread-safe, the next step sees it.
 
-        ``output_ids`` resumes a request: the tokens it already generated, which
-        count as outputs (penalties, sampling positions) but not against
-        ``max_new_tokens`` (pass the remaining budget) nor in what steps report.
-        With the ``priority`` policy a higher ``priority`` is admitted first. Raises InvalidRequestError for bad ids or parameters and ContextOverflowError when the
-        request could never fit the context or the KV pool.
+        ``params`` are the request's own, also when it is resubmitted after a
+        scheduler restart. A resubmission passes what each child already has:
+        ``output_ids[i]`` the tokens of child ``i`` (one sequence per child, or
+        none at all), and ``finished`` the indices of children that are done.
+        Finished children are not run again and nothing is reported for them;
+        the others resume after their prior tokens, which count against
+        ``max_new_tokens`` and ``min_new_tokens``, for penalties and for sampling
+        positions, and are never reported again (a step's ``token_offset``
+        for child ``i`` starts at ``len(output_ids[i])``). Child ``i`` samples
+        with ``child_seed(seed, i)`` at each position, so a seeded child resumes
+        exactly where it was. A request whose children are all finished queues
+        nothing.
+
+        With the ``priority`` policy a higher ``priority`` is admitted first.
+        Raises InvalidRequestError for bad ids or parameters and
+        ContextOverflowError when the request could never fit the context or
+        the KV pool.
         """
         params = params or SamplingParams()
         vocab = self.model_config.vocab_size
@@ -94,27 +107,29 @@ class EngineCore:
             )
         if len(input_ids) == 0:
             raise InvalidRequestError("input_ids: expected at least one token id, got none")
-        ids = [*input_ids, *output_ids]
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
-            bad = next(t for t in ids if not (isinstance(t, int) and 0 <= t < vocab))
-            raise InvalidRequestError(f"input_ids: expected token ids in [0, {vocab}), got {bad!r}")
         params.validate(vocab)
-        total = len(ids) + params.max_new_tokens
+        _check_ids("input_ids", input_ids, vocab)
+        priors = _priors(params, output_ids, finished, vocab)
+        total = len(input_ids) + params.max_new_tokens
         if total > self.context_length:
             raise ContextOverflowError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
-                f"exceeds the context length {self.context_length}; shorten the prompt or lower max_new_tokens"
+                f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = "
+                f"{total} exceeds the context length {self.context_length}; shorten the prompt "
+                "or lower max_new_tokens"
             )
         if total > self.max_total_tokens:
             raise ContextOverflowError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
-                f"exceeds the KV pool ({self.max_total_tokens} tokens); lower max_new_tokens or grow the pool"
+                f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = "
+                f"{total} exceeds the KV pool ({self.max_total_tokens} tokens); lower "
+                "max_new_tokens or grow the pool"
             )
         seed = (
             params.seed if params.seed is not None else self._seed_rng.getrandbits(63) & SEED_MASK
         )
         children: list[Req] = []
-        for index in range(params.n):
+        for index, prior in enumerate(priors):
+            if prior is None:
+                continue
             req = Req(
                 rid=rid,
                 index=index,
@@ -123,14 +138,14 @@ class EngineCore:
                 seed=child_seed(seed, index),
                 priority=priority,
                 arrival=next(self._arrival),
-                output_ids=list(output_ids),
-                prior_outputs=len(output_ids),
+                output_ids=prior,
             )
-            if index > 0:
-                req.gate = children[0]  # waits until child 0 has cached the shared prompt
+            if children:
+                req.gate = children[0]  # waits until that sibling has cached the shared prompt
             children.append(req)
-        self.reqs[rid] = children
-        self._incoming.extend(children)
+        if children:
+            self.reqs[rid] = children
+            self._incoming.extend(children)
 
     def abort(self, rid: str) -> None:
         """Abort ``rid`` at the start of the next step (thread-safe); the step reports it."""
@@ -147,6 +162,14 @@ class EngineCore:
         return bool(
             self.waiting or self.running or self.chunked or self._incoming or self._commands
         )
+
+    @property
+    def next_step_prefills(self) -> bool:
+        """Whether the next ``step()`` may run a prefill (an extend), whose length
+        the caller cannot bound; otherwise it decodes the running requests or
+        does nothing. Conservative: a request waiting for room counts, and it
+        is never False before a step that prefills. Call between steps."""
+        return bool(self.chunked or self._incoming or self.waiting)
 
     def step(self) -> StepOutput:
         """Run one forward pass (an extend, or a decode of every running request)."""
@@ -199,10 +222,15 @@ class EngineCore:
         result = sample(logits, [self._sample_row(r) for r in to_sample])
         for i, req in enumerate(to_sample):
             tok = result.token_ids[i]
-            req.output_ids.append(tok)
             o = ReqOutput(
-                req.rid, req.index, [tok], seed=req.seed, cached_tokens=req.cached_tokens or 0
+                req.rid,
+                req.index,
+                [tok],
+                token_offset=len(req.output_ids),
+                seed=req.seed,
+                cached_tokens=req.cached_tokens or 0,
             )
+            req.output_ids.append(tok)
             if result.logprobs is not None and (req.params.logprobs or req.params.top_logprobs):
                 o.logprobs = [result.logprobs[i]]
                 if (
@@ -263,7 +291,9 @@ class EngineCore:
             reason: FinishReason = "abort" if command == "abort" else "finish"
             for req in list(self.reqs.get(rid, ())):
                 if req.finish_reason is None:
-                    o = ReqOutput(req.rid, req.index, [], seed=req.seed)
+                    o = ReqOutput(
+                        req.rid, req.index, [], token_offset=len(req.output_ids), seed=req.seed
+                    )
                     self._finish(req, reason, o)
                     out.outputs.append(o)
 
@@ -309,3 +339,42 @@ class EngineCore:
     @property
     def device(self) -> torch.device:
         return self.runner.device
+
+
+def _check_ids(field: str, ids: Sequence[int], vocab: int) -> None:
+    bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+    if bad is not None:
+        raise InvalidRequestError(f"{field}: expected token ids in [0, {vocab}), got {bad!r}")
+
+
+def _priors(
+    params: SamplingParams,
+    output_ids: Sequence[Sequence[int]],
+    finished: Collection[int],
+    vocab: int,
+) -> list[list[int] | None]:
+    """Each child's prior tokens, validated; ``None`` for a finished child (not to run)."""
+    n = params.n
+    if len(output_ids) not in (0, n):
+        raise InvalidRequestError(
+            f"output_ids: expected one sequence of prior tokens per child (n={n}) or none, "
+            f"got {len(output_ids)}"
+        )
+    bad = [i for i in finished if not (isinstance(i, int) and 0 <= i < n)]
+    if bad:
+        raise InvalidRequestError(f"finished: expected child indices in [0, {n}), got {bad[0]!r}")
+    priors: list[list[int] | None] = []
+    for index in range(n):
+        if index in finished:
+            priors.append(None)
+            continue
+        prior = list(output_ids[index]) if output_ids else []
+        _check_ids(f"output_ids[{index}]", prior, vocab)
+        if len(prior) >= params.max_new_tokens:
+            raise InvalidRequestError(
+                f"output_ids[{index}]: expected fewer than max_new_tokens="
+                f"{params.max_new_tokens} prior tokens for a child that is not finished, "
+                f"got {len(prior)}; list the child in finished"
+            )
+        priors.append(prior)
+    return priors

@@ -29,10 +29,8 @@ class Req:
     seed: int
     priority: int
     arrival: int
+    # outputs so far, a resubmission's prior tokens included (reported only as they are made)
     output_ids: list[int] = field(default_factory=list)
-    prior_outputs: int = (
-        0  # outputs carried in by a resume: not reported again, not counted in budgets
-    )
     row: int = -1
     prefix_len: int = 0
     kv_len: int = 0
@@ -62,8 +60,9 @@ class Req:
 
     @property
     def num_new(self) -> int:
-        """Tokens produced by this submission."""
-        return len(self.output_ids) - self.prior_outputs
+        """Tokens generated for this sequence, over every submission (``max_new_tokens``
+        and ``min_new_tokens`` count these)."""
+        return len(self.output_ids)
 
     @property
     def remaining_new(self) -> int:
@@ -77,6 +76,7 @@ class ReqOutput:
     rid: str
     index: int
     token_ids: list[int]
+    token_offset: int = 0  # index of token_ids[0] in the sequence's output (priors included)
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: FinishReason | None = None

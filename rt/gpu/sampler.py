@@ -83,7 +83,9 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
     if not all(p.greedy for p in params):
         greedy = torch.tensor([p.greedy for p in params], device=device)
         temps = torch.tensor(
-            [p.temperature if p.temperature > 0 else 1.0 for p in params], device=device
+            [1.0 if p.greedy else float(p.temperature) for p in params],
+            dtype=torch.float32,
+            device=device,
         )
         scaled = _filter(logits / temps[:, None], params, vocab)
         u = seeded_uniform(
@@ -115,7 +117,8 @@ def _dense_bias(
     bias = torch.zeros(bs, vocab, device=device)
     for i, p in enumerate(params):
         if p.logit_bias:
-            bias[i, list(p.logit_bias)] = torch.tensor(list(p.logit_bias.values()), device=device)
+            values = [float(v) for v in p.logit_bias.values()]
+            bias[i, list(p.logit_bias)] = torch.tensor(values, device=device)
     return bias
 
 
@@ -130,9 +133,9 @@ def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> to
 def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
     bs, vocab = logits.shape
     device = logits.device
-    freq = torch.tensor([r.params.frequency_penalty for r in rows], device=device)
-    pres = torch.tensor([r.params.presence_penalty for r in rows], device=device)
-    rep = torch.tensor([r.params.repetition_penalty for r in rows], device=device)
+    freq = torch.tensor([float(r.params.frequency_penalty) for r in rows], device=device)
+    pres = torch.tensor([float(r.params.presence_penalty) for r in rows], device=device)
+    rep = torch.tensor([float(r.params.repetition_penalty) for r in rows], device=device)
     # pad id `vocab` lands in an extra column that is dropped
     out_ids = _padded([r.output_ids for r in rows], vocab, device)
     counts = torch.zeros(bs, vocab + 1, device=device).scatter_add_(
@@ -154,7 +157,7 @@ def _filter(logits: torch.Tensor, params: Sequence[SamplingParams], vocab: int) 
     device = logits.device
     neg_inf = torch.tensor(float("-inf"), device=device)
     if any(p.min_p > 0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+        min_p = torch.tensor([float(p.min_p) for p in params], device=device)
         probs = torch.softmax(logits, dim=-1)
         logits = torch.where(
             probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, neg_inf, logits
@@ -173,7 +176,7 @@ def _filter(logits: torch.Tensor, params: Sequence[SamplingParams], vocab: int) 
         drop |= rank >= top_k[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     if use_p:
-        top_p = torch.tensor([p.top_p for p in params], device=device)
+        top_p = torch.tensor([float(p.top_p) for p in params], device=device)
         probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token when the tokens ranked before it already cover top_p; the first always stays
         drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]

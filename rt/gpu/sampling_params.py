@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rt.errors import InvalidRequestError
 
 SEED_MASK = (1 << 63) - 1
+GREEDY_BELOW = 1e-5
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # As SGLang does: a temperature this small is greedy (dividing by it
+        # would overflow float32 logits and pick a wrong token).
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
@@ -69,42 +75,80 @@ class SamplingParams:
         _bool("logprobs", self.logprobs)
         if self.seed is not None:
             _int_in("seed", self.seed, 0, SEED_MASK)
+        if not isinstance(self.stop_token_ids, tuple | list):
+            raise InvalidRequestError(
+                f"stop_token_ids: expected a list of token ids, got {show(self.stop_token_ids)}"
+            )
         for tok in self.stop_token_ids:
             _token("stop_token_ids", tok, vocab_size)
         if not isinstance(self.logit_bias, Mapping):
             raise InvalidRequestError(
-                f"logit_bias: expected a mapping token id → bias, got {type(self.logit_bias).__name__}"
+                f"logit_bias: expected a mapping token id → bias, got {show(self.logit_bias)}"
             )
         for tok, bias in self.logit_bias.items():
             _token("logit_bias", tok, vocab_size)
             _float_in(f"logit_bias[{tok}]", bias, -100.0, 100.0)
 
 
+def show(value: object) -> str:
+    """``value`` for an error message: short, and safe for any value (``repr`` of
+    an integer past 4,300 digits raises, and a caller's list may be huge)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlong = 40
+
+
 def _bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise InvalidRequestError(f"{name}: expected true or false, got {value!r}")
+        raise InvalidRequestError(f"{name}: expected true or false, got {show(value)}")
 
 
 def _int_in(name: str, value: object, low: int | None, high: int | None) -> None:
+    """An integer in [low, high]; an open end still means 64 bits (the rings carry
+    MessagePack integers, the sampler torch's int64)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name}: expected an integer, got {value!r}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise InvalidRequestError(f"{name}: expected an integer in [{low}, {high}], got {value}")
+        raise InvalidRequestError(f"{name}: expected an integer, got {show(value)}")
+    low = INT64_MIN if low is None else low
+    high = INT64_MAX if high is None else high
+    if not low <= value <= high:
+        raise InvalidRequestError(
+            f"{name}: expected an integer in [{low}, {high}], got {show(value)}"
+        )
 
 
 def _float_in(
     name: str, value: object, low: float | None, high: float | None, low_open: bool = False
 ) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidRequestError(f"{name}: expected a finite number, got {value!r}")
-    too_low = low is not None and (value <= low if low_open else value < low)
-    if too_low or (high is not None and value > high):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequestError(f"{name}: expected a finite number, got {show(value)}")
+    try:
+        number = float(value)  # what the sampler will hold; an int past 1e308 has none
+    except OverflowError:
+        raise InvalidRequestError(
+            f"{name}: expected a finite number, got {show(value)}, too large for a float"
+        ) from None
+    if not math.isfinite(number):
+        raise InvalidRequestError(f"{name}: expected a finite number, got {show(value)}")
+    if abs(number) > FLOAT32_MAX:  # inf in the sampler's tensors: NaN logits, garbage tokens
+        raise InvalidRequestError(
+            f"{name}: expected a number of magnitude at most {FLOAT32_MAX:.7g} (the sampler "
+            f"computes in float32), got {show(value)}"
+        )
+    too_low = low is not None and (number <= low if low_open else number < low)
+    if too_low or (high is not None and number > high):
         bracket = "(" if low_open else "["
         raise InvalidRequestError(
-            f"{name}: expected a number in {bracket}{low}, {high}], got {value}"
+            f"{name}: expected a number in {bracket}{low}, {high}], got {show(value)}"
         )
 
 
 def _token(name: str, value: object, vocab_size: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
-        raise InvalidRequestError(f"{name}: expected token ids in [0, {vocab_size}), got {value!r}")
+        raise InvalidRequestError(
+            f"{name}: expected token ids in [0, {vocab_size}), got {show(value)}"
+        )

@@ -1,26 +1,40 @@
 """The scheduler actor: the engine core in a trio loop.
 
 One task per inbox (each tokenizer worker's ring, the frontend's control
-ring) receives frames. Aborts and "finish now" go to the core at once (they
-are thread-safe); new requests wait in a list and join the core between steps
-(``add_request`` must not overlap a step), and their frames are committed
-once they are in. A request the core has seen is not added twice: a frame
-redelivered after a tokenizer restart and the frontend's resubmission after
-a scheduler restart are both recognised by rid.
+ring) receives frames. New requests wait in a list and join the core between
+steps (``add_request`` must not overlap a step), and their frames are
+committed once they are in; anything adding one raises refuses that request
+alone. A request the core holds or has queued is not added twice: a frame
+redelivered after a tokenizer restart and the frontend's resubmission after a
+scheduler restart are both recognised by rid (ring rids are unique per
+request). Nothing per request is kept past the request's end, except a
+tombstone (below) for at most ``TOMBSTONE_TTL_S``.
 
-The step runs in a worker thread, so aborts and heartbeats keep flowing while
-the model computes. Each step's new tokens, for every request, go to the
-detokenizer in one frame, token ids as arrays, each with its offset in the
-request's output.
+Aborts and "finish now" go to the core at once (they are thread-safe). One
+for a request the core does not hold yet (its ``Scheduled`` is still queued,
+or still on another ring: a tokenizer's) leaves a tombstone, and that
+``Scheduled`` is dropped when it comes. A tombstone also expires after
+``TOMBSTONE_TTL_S``: without remembering every rid the scheduler cannot tell
+an abort that overtook its request from one for a request that already ended
+here (a client that cancels as its last token comes), whose ``Scheduled``
+never comes. The TTL is far beyond the time a ``Scheduled`` trails its abort
+(a ring hop, or a tokenizer restart); one later than that runs unwatched, and
+the frontend ends it as unknown.
+
+A step that may prefill runs in a worker thread, so aborts and heartbeats
+keep flowing while the model computes; a decode-only step runs inline when
+decode steps have been fast (``StepPlacement``). Each step's new tokens, for
+every request, go to the detokenizer in one frame stamped with this
+incarnation's epoch, each sequence's ids with their offset in its output
+(a resubmission's prior tokens included).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections import OrderedDict
 
-import numpy as np
 import trio
 
 from rt.actors import Actor, ActorContext
@@ -43,13 +57,42 @@ from rt.tok.core import refuse
 
 log = logging.getLogger(__name__)
 OUT = "sched-detok"
-# A step this short (moving average) runs on the trio thread: handing it to a
-# worker thread costs two cross-thread wakes, each ~0.1-0.2 ms of CPU on this
-# VM, more than the step. Anything longer runs off the trio thread, so aborts
-# and heartbeats keep flowing while the model computes.
+# A decode step this short (moving average) runs on the trio thread: handing it to
+# a worker thread costs two cross-thread wakes, each ~0.1-0.2 ms of CPU on this
+# VM, more than the step.
 INLINE_STEP_S = 0.001
 IDLE_CHECK_S = 0.05
-REMEMBERED_RIDS = 100_000  # rids admitted or ended, kept to recognise late duplicates
+TOMBSTONE_TTL_S = 30.0  # see the module docstring
+
+
+class StepPlacement:
+    """Where the next step runs: on the trio thread (inline) or in a worker thread.
+
+    Decided from the step about to run, not from past steps alone: one that may
+    prefill goes to the thread (a prompt's length, hence the step's, is not
+    bounded by anything seen before: a first long prefill after fast decodes
+    would block the trio thread); a decode-only step runs inline while the
+    moving average of decode steps is under ``INLINE_STEP_S``. The first decode
+    step, not yet measured, goes to the thread.
+    """
+
+    def __init__(self, inline_s: float = INLINE_STEP_S) -> None:
+        self.inline_s = inline_s
+        self.decode_s: float | None = None  # moving average of decode steps, seconds
+
+    def inline(self, engine: EngineCore) -> bool:
+        if engine.next_step_prefills:
+            return False
+        return self.decode_s is not None and self.decode_s < self.inline_s
+
+    def record(self, out: StepOutput, seconds: float) -> None:
+        """Account a step's own compute time (not the hand-over to a thread)."""
+        if out.forward_mode != "decode":
+            return
+        if self.decode_s is None:
+            self.decode_s = seconds
+        else:
+            self.decode_s += 0.2 * (seconds - self.decode_s)
 
 
 class SchedulerActor(Actor):
@@ -61,13 +104,14 @@ class SchedulerActor(Actor):
 
     async def startup(self, ctx: ActorContext) -> None:
         self.engine = await trio.to_thread.run_sync(EngineCore, self.config)
+        self.epoch = ctx.incarnation
         self.incoming: list[tuple[Scheduled, str, Frame]] = []
-        self.seen: OrderedDict[str, None] = OrderedDict()
-        self.offsets: dict[tuple[str, int], int] = {}
+        # rid -> trio deadline, in deadline order (one TTL, set in time order)
+        self.tombstones: dict[str, float] = {}
         self.refused: list[Refused] = []
+        self.placement = StepPlacement()
         self.wakeup = trio.Event()
         self.steps = 0
-        self.step_ewma = 1.0  # seconds; starts high: the first steps go to the thread
         self.reported = False  # whether this idle spell's state was reported
 
     async def run(self, ctx: ActorContext) -> None:
@@ -83,80 +127,141 @@ class SchedulerActor(Actor):
             if isinstance(msg, Scheduled):
                 self.incoming.append((msg, name, frame))
             elif isinstance(msg, Abort | FinishNow):
-                # Remembered, so that a request still waiting to be admitted is
-                # skipped; the core ends it if it is already in. The commit also
-                # releases resubmissions received before it on this ring and not yet
-                # admitted: if this scheduler dies first, the next restart resends them.
-                self._remember(msg.rid)
-                (self.engine.abort if isinstance(msg, Abort) else self.engine.finish)(msg.rid)
+                # The commit also releases resubmissions received before it on this
+                # ring and not yet admitted: if this scheduler dies first, the next
+                # restart resends them.
+                self._stop(msg)
                 inbox.commit(frame)
             else:
                 raise TypeError(f"scheduler: unexpected {type(msg).__name__} on {name}")
             self.wakeup.set()
 
+    def _stop(self, msg: Abort | FinishNow) -> None:
+        """End the request in the core, or tombstone it if its Scheduled is queued or
+        not here yet. Runs on the trio thread while a step may run in another: the
+        core's ``reqs`` only loses a rid there (a request ending, and then
+        ``abort`` is a no-op); only ``_admit``, on this thread, adds one."""
+        rid = msg.rid
+        held = rid in self.engine.reqs
+        if held:
+            (self.engine.abort if isinstance(msg, Abort) else self.engine.finish)(rid)
+        if not held or any(m.rid == rid for m, _, _ in self.incoming):
+            self.tombstones.pop(rid, None)
+            self.tombstones[rid] = trio.current_time() + TOMBSTONE_TTL_S
+
     async def _loop(self, ctx: ActorContext) -> None:
         while True:
             await ctx.tick()
+            self._expire_tombstones()
             self._admit(ctx)
             if not self.engine.has_work and not self.refused:
                 await self._idle(ctx)
                 continue
             await ctx.faults.point("step")
-            start = time.perf_counter()
-            if self.step_ewma < INLINE_STEP_S:
-                out = self._step(ctx)
+            inline = self.placement.inline(self.engine)
+            # a death inside is charged to the requests in hand, not to this actor
+            with ctx.handling_requests():
+                if inline:
+                    out = self._step(ctx)
+                else:
+                    out = await trio.to_thread.run_sync(self._step, ctx)
+            if inline:
                 await trio.lowlevel.checkpoint()
-            else:
-                out = await trio.to_thread.run_sync(self._step, ctx)
-            self.step_ewma += 0.2 * (time.perf_counter() - start - self.step_ewma)
             await send(ctx.outbox[OUT], self._frame(out))
 
     async def _idle(self, ctx: ActorContext) -> None:
         """Wait for work. Once idle for IDLE_CHECK_S, check the KV invariants (a
         walk over the whole pool: not worth doing between every two requests)
-        and report the scheduler's state."""
+        and report the scheduler's state; report again when tombstones expire,
+        so that a report with no request record left comes."""
         with trio.move_on_after(IDLE_CHECK_S):
             await self.wakeup.wait()
-        if not self.wakeup.is_set() and not self.reported:
-            await send(ctx.outbox[OUT], self._frame(StepOutput(), self._stats()))
-            self.reported = True
-            await self.wakeup.wait()
+        while not self.wakeup.is_set():
+            if not self.reported:
+                await send(ctx.outbox[OUT], self._frame(StepOutput(), self._stats()))
+                self.reported = True
+            # late by up to a second, so that expiries spread over time come in one report
+            next_expiry = next(iter(self.tombstones.values()), math.inf) + 1.0
+            with trio.move_on_at(next_expiry):
+                await self.wakeup.wait()
+            if self._expire_tombstones():
+                self.reported = False
         self.wakeup = trio.Event()
+
+    def _expire_tombstones(self) -> bool:
+        now, expired = trio.current_time(), False
+        while self.tombstones:
+            rid, deadline = next(iter(self.tombstones.items()))
+            if deadline > now:
+                break
+            del self.tombstones[rid]
+            expired = True
+        return expired
 
     def _step(self, ctx: ActorContext) -> StepOutput:
         self.reported = False
         ctx.faults.check("forward")
-        return self.engine.step() if self.engine.has_work else StepOutput()
+        if not self.engine.has_work:
+            return StepOutput()
+        start = time.perf_counter()
+        out = self.engine.step()
+        self.placement.record(out, time.perf_counter() - start)
+        return out
 
     def _admit(self, ctx: ActorContext) -> None:
         batch, self.incoming = self.incoming, []
         last: dict[str, Frame] = {}
         for msg, inbox, frame in batch:
             last[inbox] = frame
-            if msg.rid in self.seen:
-                continue
-            self._remember(msg.rid)
-            prior = msg.output_ids[0] if len(msg.output_ids) == 1 else np.zeros(0, np.int64)
-            try:
-                self.engine.add_request(
-                    msg.rid,
-                    msg.input_ids.tolist(),
-                    msg.sampling,
-                    output_ids=prior.tolist(),
-                    priority=msg.priority,
-                )
-            except RequestError as err:
-                self.refused.append(refuse(msg.rid, err))
-                continue
-            for index in range(msg.sampling.n):
-                self.offsets[(msg.rid, index)] = len(prior)
+            if self.tombstones.pop(msg.rid, None) is not None:
+                continue  # stopped before it got here
+            if msg.rid in self.engine.reqs:
+                continue  # a duplicate: redelivered by a restarted tokenizer, or resubmitted
+            self._add(msg)
         for inbox, frame in last.items():
             ctx.inbox[inbox].commit(frame)
 
-    def _remember(self, rid: str) -> None:
-        self.seen[rid] = None
-        if len(self.seen) > REMEMBERED_RIDS:
-            self.seen.popitem(last=False)
+    def _add(self, msg: Scheduled) -> None:
+        """Hand a request to the core; whatever that raises refuses this request alone."""
+        try:
+            input_ids = msg.input_ids.tolist()
+            output_ids = [ids.tolist() for ids in msg.output_ids]
+        except Exception as err:
+            self.refused.append(
+                Refused(
+                    msg.rid,
+                    "InvalidRequestError",
+                    f"scheduled request: expected input_ids and output_ids as arrays of token "
+                    f"ids, got {type(err).__name__}: {err}",
+                )
+            )
+            return
+        try:
+            self.engine.add_request(
+                msg.rid,
+                input_ids,
+                msg.sampling,
+                output_ids=output_ids,
+                finished=msg.finished,
+                priority=msg.priority,
+            )
+        except RequestError as err:
+            self.refused.append(refuse(msg.rid, err))
+        except Exception as err:
+            log.exception("scheduler: adding request %s failed", msg.rid)
+            self.refused.append(
+                Refused(
+                    msg.rid,
+                    "RequestFailedError",
+                    f"the scheduler could not admit the request ({type(err).__name__}: {err}); "
+                    "other requests go on. This is a bug in rt: please report it",
+                )
+            )
+
+    @property
+    def num_request_records(self) -> int:
+        """Per-request records held here and in the core; 0 once every request ended."""
+        return len(self.engine.reqs) + len(self.incoming) + len(self.tombstones) + len(self.refused)
 
     def _stats(self) -> SchedulerStats:
         """Reported each time the core goes idle, with its KV invariants checked."""
@@ -176,31 +281,26 @@ class SchedulerActor(Actor):
             free_tokens=stats.free_tokens,
             integrity_ok=ok,
             retractions=stats.num_retractions,
+            requests=self.num_request_records,
         )
 
     def _frame(self, out: StepOutput, stats: SchedulerStats | None = None) -> StepTokens:
-        seqs = []
-        for o in out.outputs:
-            key = (o.rid, o.index)
-            offset = self.offsets.get(key, 0)
-            self.offsets[key] = offset + len(o.token_ids)
-            if o.finish_reason is not None:
-                self.offsets.pop(key, None)
-            seqs.append(
-                SeqTokens(
-                    rid=o.rid,
-                    index=o.index,
-                    token_offset=offset,
-                    ids=tuple(o.token_ids),
-                    finish_reason=o.finish_reason,
-                    matched_stop=o.matched_stop,
-                    logprobs=tuple(o.logprobs) if o.logprobs is not None else None,
-                    top_logprobs=o.top_logprobs,
-                    prompt_tokens=o.prompt_tokens,
-                    cached_tokens=o.cached_tokens,
-                    seed=o.seed,
-                )
+        seqs = tuple(
+            SeqTokens(
+                rid=o.rid,
+                index=o.index,
+                token_offset=o.token_offset,
+                ids=tuple(o.token_ids),
+                finish_reason=o.finish_reason,
+                matched_stop=o.matched_stop,
+                logprobs=tuple(o.logprobs) if o.logprobs is not None else None,
+                top_logprobs=o.top_logprobs,
+                prompt_tokens=o.prompt_tokens,
+                cached_tokens=o.cached_tokens,
+                seed=o.seed,
             )
+            for o in out.outputs
+        )
         self.steps += 1
         refused, self.refused = tuple(self.refused), []
-        return StepTokens(self.steps, tuple(seqs), refused, stats, time.monotonic())
+        return StepTokens(self.steps, seqs, refused, stats, time.monotonic(), epoch=self.epoch)

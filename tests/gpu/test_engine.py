@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpu_testlib import drain, greedy, make_engine, prompts, run_all
@@ -97,6 +98,16 @@ def test_add_request_validation(checkpoints: dict[str, Path]) -> None:
     engine.add_request("a", [1, 2], greedy(2))
     with pytest.raises(InvalidRequestError, match="already in flight"):
         engine.add_request("a", [1, 2], greedy(2))
+    # a resubmission: one sequence of prior tokens per child, valid children, room left
+    with pytest.raises(InvalidRequestError, match=r"per child \(n=2\) or none, got 1"):
+        engine.add_request("b", [1], greedy(4, n=2), output_ids=[[3]])
+    with pytest.raises(InvalidRequestError, match=r"finished: expected child indices in \[0, 2\)"):
+        engine.add_request("b", [1], greedy(4, n=2), finished=(2,))
+    with pytest.raises(InvalidRequestError, match=r"output_ids\[1\]: .* in \[0, 256\), got 256"):
+        engine.add_request("b", [1], greedy(4, n=2), output_ids=[[3], [256]])
+    with pytest.raises(InvalidRequestError, match=r"fewer than max_new_tokens=4 .* got 4"):
+        engine.add_request("b", [1], greedy(4), output_ids=[[3, 4, 5, 6]])
+    assert "b" not in engine.reqs
     with pytest.raises(ConfigError, match="schedule_policy"):
         EngineConfig(model_path=checkpoints["llama"], schedule_policy="sjf")
     with pytest.raises(ConfigError, match="attention_backend='flashinfer' is not available"):
@@ -121,14 +132,14 @@ def test_abort_from_another_thread_while_stepping(checkpoints: dict[str, Path]) 
     engine = null_engine(checkpoints["llama"])
     for i, p in enumerate(prompts(4, [10, 12, 14, 16])):
         engine.add_request(f"r{i}", p, greedy(400, ignore_eos=True))
-    results: dict[str, dict[str, object]] = {}
+    results: dict[str, dict[str, Any]] = {}
     worker = threading.Thread(target=lambda: results.update(drain(engine)))
     worker.start()
     for i in range(4):
         engine.abort(f"r{i}")
     worker.join(timeout=60)
     assert not worker.is_alive() and not engine.has_work
-    assert all(r["final"].finish_reason in ("abort", "length") for r in results.values())  # type: ignore[union-attr]
+    assert all(r["final"].finish_reason in ("abort", "length") for r in results.values())
     engine.check_integrity()
 
 
@@ -144,3 +155,27 @@ def test_pool_sized_from_memory_fraction(checkpoints: dict[str, Path]) -> None:
     # capped at every running request at full context (2 × 512 here)
     assert 0 < engine.max_total_tokens <= 2 * 512
     run_all(engine, {"a": ([5, 6, 7], greedy(4))})
+
+
+def test_next_step_prefills_is_never_false_before_an_extend(checkpoints: dict[str, Path]) -> None:
+    """The scheduler actor runs a step that may prefill off its trio thread: the
+    predicate must hold before every extend, through chunking and retraction."""
+    cfg = ModelConfig.from_dir(checkpoints["llama"])
+    engine = EngineCore(
+        EngineConfig(
+            model_config=cfg,
+            load_format="null",
+            max_total_tokens=384,
+            page_size=16,
+            chunked_prefill_size=24,
+        )
+    )
+    for i, p in enumerate(prompts(8, [30, 50, 5, 70, 12, 30, 40, 9])):
+        engine.add_request(f"r{i}", p, greedy(20))
+    modes: dict[bool, set[str]] = {True: set(), False: set()}
+    while engine.has_work:
+        predicted = engine.next_step_prefills
+        modes[predicted].add(engine.step().forward_mode)
+    assert "extend" not in modes[False]
+    assert modes[False] == {"decode"} and "extend" in modes[True]
+    assert engine.num_retractions > 0

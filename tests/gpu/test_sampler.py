@@ -27,15 +27,67 @@ def test_seeded_uniform_is_pure_and_uniform() -> None:
     assert big.shape == (1, 8)
 
 
-def test_filters_keep_the_right_tokens() -> None:
-    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]] * 3)
-    params = [SamplingParams(top_k=2), SamplingParams(top_p=0.8), SamplingParams(min_p=0.2)]
-    kept = torch.isfinite(_filter(logits, params, 5))
-    probs = torch.softmax(logits[0], -1)
-    assert kept[0].tolist() == [True, True, False, False, False]
-    n_top_p = int((torch.cumsum(probs, 0) - probs < 0.8).sum())
-    assert kept[1].sum() == n_top_p
-    assert kept[2].tolist() == (probs >= 0.2 * probs.max()).tolist()
+# One distribution, its ids shuffled so that the filters' sort and scatter matter:
+#   id:    0     1     2     3     4
+#   p:   0.08  0.45  0.02  0.30  0.15
+# By probability, descending: id 1 (0.45), 3 (0.30), 4 (0.15), 0 (0.08), 2 (0.02);
+# the mass ranked before each: 0, 0.45, 0.75, 0.90, 0.98.
+PROBS = [0.08, 0.45, 0.02, 0.30, 0.15]
+LOGITS = torch.log(torch.tensor([PROBS]))  # softmax(log p) = p
+
+
+def kept(params: SamplingParams) -> set[int]:
+    out = _filter(LOGITS, [params], len(PROBS))
+    return {i for i, finite in enumerate(torch.isfinite(out[0]).tolist()) if finite}
+
+
+@pytest.mark.parametrize(
+    ("params", "survivors"),
+    [
+        (SamplingParams(), {0, 1, 2, 3, 4}),  # no filter
+        (SamplingParams(top_k=1), {1}),
+        (SamplingParams(top_k=2), {1, 3}),
+        (SamplingParams(top_k=5), {0, 1, 2, 3, 4}),  # k = vocab: no filter
+        # top-p keeps a token while the mass ranked before it is below p
+        (SamplingParams(top_p=0.4), {1}),  # before id 3: 0.45 >= 0.4
+        (SamplingParams(top_p=0.7), {1, 3}),  # before id 4: 0.75 >= 0.7
+        (SamplingParams(top_p=0.8), {1, 3, 4}),  # before id 0: 0.90 >= 0.8
+        (SamplingParams(top_p=0.95), {0, 1, 3, 4}),  # before id 2: 0.98 >= 0.95
+        # min-p keeps p >= min_p * max p (max p = 0.45)
+        (SamplingParams(min_p=0.05), {0, 1, 3, 4}),  # threshold 0.0225: drops 0.02
+        (SamplingParams(min_p=0.2), {1, 3, 4}),  # threshold 0.09: drops 0.08, 0.02
+        (SamplingParams(min_p=0.5), {1, 3}),  # threshold 0.225: drops 0.15 too
+        # filters compose like successive warpers (HF, vLLM): top-p sees the top-k
+        # renormalised: 0.45, 0.30, 0.15 over 0.90 = 0.5, 0.333, 0.167, so the mass
+        # before id 4 is 0.833 >= 0.8 (on the raw distribution it would be 0.75: kept)
+        (SamplingParams(top_k=3, top_p=0.8), {1, 3}),
+    ],
+)
+def test_filters_keep_the_hand_computed_tokens(params: SamplingParams, survivors: set[int]) -> None:
+    assert kept(params) == survivors
+
+
+def test_filters_apply_per_row() -> None:
+    params = [SamplingParams(top_k=1), SamplingParams(), SamplingParams(min_p=0.2)]
+    out = _filter(LOGITS.repeat(3, 1), params, len(PROBS))
+    assert torch.isfinite(out).tolist() == [
+        [False, True, False, False, False],
+        [True, True, True, True, True],
+        [False, True, False, True, True],
+    ]
+
+
+def test_filters_apply_after_temperature() -> None:
+    """At temperature 2 the distribution is p^(1/2) renormalised:
+    ids 1, 3, 4, 0, 2 -> 0.3304, 0.2698, 0.1908, 0.1393, 0.0697; mass before each
+    0, 0.3304, 0.6002, 0.7910, 0.9303. So top_p=0.7 keeps ids 1, 3, 4 (at temperature 1
+    it keeps 1 and 3), sampled as 0.3304, 0.2698, 0.1908 over 0.7910 = 0.4177, 0.3411, 0.2412."""
+    params = SamplingParams(temperature=2.0, top_p=0.7)
+    logits = LOGITS.repeat(4000, 1)
+    rows = [row(params, seed=s, position=7) for s in range(4000)]
+    counts = torch.bincount(torch.tensor(sample(logits, rows).token_ids), minlength=5) / 4000
+    assert counts[0] == 0 and counts[2] == 0
+    assert counts[[1, 3, 4]].tolist() == pytest.approx([0.4177, 0.3411, 0.2412], abs=0.03)
 
 
 def test_sampling_follows_the_distribution() -> None:
@@ -51,11 +103,19 @@ def test_greedy_penalties_bias_and_min_tokens() -> None:
     logits = torch.tensor([[3.0, 2.9, 1.0, -1.0]])
     assert sample(logits, [row(SamplingParams(temperature=0))]).token_ids == [0]
     rep = SamplingParams(temperature=0, repetition_penalty=2.0)
-    assert sample(logits, [row(rep, input_ids=[0])]).token_ids == [1]
+    assert sample(logits, [row(rep, input_ids=[0])]).token_ids == [1]  # 3.0 / 2 = 1.5 < 2.9
+    # a negative logit is multiplied, not divided: -1.0 * 2 = -2.0 < -1.5
+    assert sample(torch.tensor([[-1.0, -1.5]]), [row(rep, output_ids=[0])]).token_ids == [1]
     freq = SamplingParams(temperature=0, frequency_penalty=0.2)
-    assert sample(logits, [row(freq, output_ids=[0])]).token_ids == [1]
+    assert sample(logits, [row(freq, output_ids=[0])]).token_ids == [1]  # 2.8 < 2.9
     pres = SamplingParams(temperature=0, presence_penalty=0.2)
-    assert sample(logits, [row(pres, output_ids=[0, 0])]).token_ids == [1]
+    assert sample(logits, [row(pres, output_ids=[0, 0])]).token_ids == [1]  # 2.8 < 2.9
+    # frequency scales with the count, presence does not: against 2.7,
+    # 3.0 - 0.2 = 2.8 wins, 3.0 - 2 * 0.2 = 2.6 loses; presence twice is still 2.8
+    close = torch.tensor([[3.0, 2.7]])
+    assert sample(close, [row(freq, output_ids=[0])]).token_ids == [0]
+    assert sample(close, [row(freq, output_ids=[0, 0])]).token_ids == [1]
+    assert sample(close, [row(pres, output_ids=[0, 0])]).token_ids == [0]
     bias = SamplingParams(temperature=0, logit_bias={3: 10.0})
     assert sample(logits, [row(bias)]).token_ids == [3]
     assert sample(logits, [row(SamplingParams(temperature=0), suppress_ids=[0, 1])]).token_ids == [
@@ -64,12 +124,12 @@ def test_greedy_penalties_bias_and_min_tokens() -> None:
 
 
 def test_logprobs_are_of_the_raw_distribution() -> None:
+    # log-sum-exp of (1, 2, 0.5) = log(2.71828 + 7.38906 + 1.64872) = 2.46437
     logits = torch.tensor([[1.0, 2.0, 0.5]])
     res = sample(logits, [row(SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2))])
-    ref = torch.log_softmax(logits, -1)[0]
-    assert res.logprobs == pytest.approx([float(ref[1])])
+    assert res.logprobs == pytest.approx([2.0 - 2.46437], abs=1e-5)
     assert res.top_ids == [[1, 0]]
-    assert res.top_logprobs == [pytest.approx([float(ref[1]), float(ref[0])])]
+    assert res.top_logprobs == [pytest.approx([2.0 - 2.46437, 1.0 - 2.46437], abs=1e-5)]
 
 
 @pytest.mark.parametrize(
