@@ -1,25 +1,66 @@
 """From the Python API's arguments to a GenerateRequest, and from a finished
-record to a GenerateOutput. Bad arguments are refused here, before anything
-is sent: an InvalidRequestError that names the argument."""
+record to a GenerateOutput.
+
+Nothing a caller sends may stop the engine, so every argument is checked here,
+before anything is sent: a bad one is an InvalidRequestError that names it
+(with its position inside a list or a string), says what was expected and what
+arrived. Past these checks the tokenizer can encode every string, the request
+crosses the rings as MessagePack (never the codec's pickle fallback) and every
+number fits the tensor it goes into.
+
+Refused (where SGLang's and vLLM's servers answer 400):
+
+* text that is not valid Unicode: a lone surrogate such as ``"\\ud800"``, which
+  a JSON string can carry as an escape but no tokenizer can encode, in the
+  prompt, a chat message or a stop string;
+* a value of the wrong type: a bool where a number goes, a float where an
+  integer goes (``n=2.0``), a number where a bool goes, None for a number or a
+  bool; an integer past 64 bits; NaN or infinity; a number out of range
+  (past float32's largest too: the sampler computes in float32);
+* token ids outside the vocabulary (the prompt, stop_token_ids, logit_bias);
+* a prompt given as an empty list of ids or of messages (text may be empty:
+  the tokenizer may add a BOS token, and says so if it does not);
+* chat messages that are not objects with a string ``role`` and a string
+  ``content`` (content parts and ``content=None`` are not supported yet), or
+  whose other fields are not JSON values (string keys, finite numbers, at most
+  ``MAX_JSON_DEPTH`` levels);
+* stop strings that are empty, more than ``MAX_STOP_STRINGS``, or longer than
+  ``MAX_STOP_CHARS`` (matching holds text back, and a long stop string costs
+  the detokenizer the square of its length where a match breaks);
+* an unknown parameter.
+
+Repaired, where what the caller meant is not in doubt:
+
+* an integer where a float goes becomes that float (JSON has one number type);
+* a decimal string key of ``logit_bias`` (a JSON object's keys are strings)
+  becomes that token id;
+* one stop string becomes a list of one;
+* None means "not given" for ``seed`` (one is drawn), ``stop``,
+  ``stop_token_ids``, ``logit_bias`` and ``rid``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from rt.detok.incremental import DetokParams
 from rt.errors import InvalidRequestError
 from rt.frontend.table import Record
-from rt.gpu.sampling_params import SEED_MASK, SamplingParams
-from rt.messages import GenerateRequest
+from rt.gpu.sampling_params import INT64_MAX, INT64_MIN, SEED_MASK, SamplingParams, show
+from rt.messages import ChatMessage, GenerateRequest
 from rt.outputs import Completion, GenerateOutput, Meta
 from rt.shm import codec
 
 SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+FLOAT_FIELDS = {f.name for f in dataclasses.fields(SamplingParams) if f.type in ("float", float)}
 OTHER_FIELDS = {
     "input_ids",
     "messages",
@@ -30,60 +71,285 @@ OTHER_FIELDS = {
     "priority",
     "rid",
 }
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_JSON_DEPTH = 32  # nesting inside a chat message (tool calls and the like)
+PROMPT_KINDS = {
+    "prompt": "text, a list of token ids or a list of chat messages",
+    "input_ids": "a list of token ids",
+    "messages": "a list of chat messages",
+}
 
 
 def build_request(prompt: Any, options: Mapping[str, Any], vocab_size: int) -> GenerateRequest:
     """``prompt`` is text, a list of token ids, or a list of chat messages (or None
     with ``input_ids=`` / ``messages=``); the other options are sampling parameters,
-    ``stop`` strings, detokenizer options, ``priority``, ``allow_auto_truncate``."""
-    unknown = set(options) - SAMPLING_FIELDS - OTHER_FIELDS
+    ``stop`` strings, detokenizer options, ``priority``, ``allow_auto_truncate``
+    and ``rid``. Raises InvalidRequestError for anything the engine could not
+    serve (the module's docstring lists what is refused and what is repaired)."""
+    unknown = [k for k in options if k not in SAMPLING_FIELDS and k not in OTHER_FIELDS]
     if unknown:
         raise InvalidRequestError(
-            f"unknown parameter(s) {sorted(unknown)}; expected sampling parameters "
+            f"unknown parameter(s) {', '.join(sorted(map(show, unknown)))}; expected sampling parameters "
             f"{sorted(SAMPLING_FIELDS)} or {sorted(OTHER_FIELDS)}"
         )
-    text, input_ids, messages = _prompt(prompt, options)
-    sampling_kw = {k: v for k, v in options.items() if k in SAMPLING_FIELDS}
-    if "stop_token_ids" in sampling_kw:
-        sampling_kw["stop_token_ids"] = tuple(sampling_kw["stop_token_ids"] or ())
-    if sampling_kw.get("logit_bias"):
-        sampling_kw["logit_bias"] = {int(k): v for k, v in sampling_kw["logit_bias"].items()}
-    if sampling_kw.get("seed") is None:
-        # Every request gets a seed here, so its tokens are a pure function of
-        # (seed, request, position) even when a crashed scheduler resubmits it.
-        sampling_kw["seed"] = secrets.randbits(63) & SEED_MASK
-    try:
-        sampling = SamplingParams(**sampling_kw)
-    except TypeError as err:
-        raise InvalidRequestError(f"sampling parameters: {err}") from err
-    sampling.validate(vocab_size)
-    stop = options.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) and s for s in stop):
-        raise InvalidRequestError(f"stop: expected non-empty strings, got {stop!r}")
-    rid = options.get("rid") or uuid.uuid4().hex
-    if not isinstance(rid, str):
-        raise InvalidRequestError(f"rid: expected a string, got {rid!r}")
+    text, input_ids, messages = _prompt(prompt, options, vocab_size)
+    sampling = _sampling(options, vocab_size)
+    detok = DetokParams(
+        _flag(options, "skip_special_tokens", True),
+        _flag(options, "spaces_between_special_tokens", True),
+        _stop(options.get("stop")),
+    )
+    rid = options.get("rid")
+    if rid is not None:
+        if not isinstance(rid, str):
+            raise InvalidRequestError(f"rid: expected a string, got {described(rid)}")
+        check_unicode("rid", rid)
     priority = options.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidRequestError(f"priority: expected an integer, got {priority!r}")
-    req = GenerateRequest(
-        rid=rid,
-        text=text,
-        input_ids=input_ids,
-        messages=messages,
-        sampling=sampling,
-        detok=DetokParams(
-            bool(options.get("skip_special_tokens", True)),
-            bool(options.get("spaces_between_special_tokens", True)),
-            stop,
-        ),
-        allow_auto_truncate=bool(options.get("allow_auto_truncate", False)),
-        priority=priority,
+        raise InvalidRequestError(f"priority: expected an integer, got {show(priority)}")
+    if not INT64_MIN <= priority <= INT64_MAX:
+        raise InvalidRequestError(
+            f"priority: expected an integer in [{INT64_MIN}, {INT64_MAX}], got {show(priority)}"
+        )
+    return _as_received(
+        GenerateRequest(
+            rid=rid or uuid.uuid4().hex,
+            text=text,
+            input_ids=input_ids,
+            messages=messages,
+            sampling=sampling,
+            detok=detok,
+            allow_auto_truncate=_flag(options, "allow_auto_truncate", False),
+            priority=priority,
+        )
     )
-    try:  # what the tokenizer will read: a value of the wrong type fails here, not there
-        received: GenerateRequest = codec.as_received(req)
-    except ValueError as err:
+
+
+# ---- the prompt -------------------------------------------------------------------
+
+
+def _prompt(
+    prompt: Any, options: Mapping[str, Any], vocab_size: int
+) -> tuple[str | None, tuple[int, ...] | None, tuple[ChatMessage, ...] | None]:
+    given = {
+        "prompt": prompt,
+        "input_ids": options.get("input_ids"),
+        "messages": options.get("messages"),
+    }
+    present = [k for k, v in given.items() if v is not None]
+    if len(present) != 1:
+        raise InvalidRequestError(
+            f"expected exactly one of a prompt, input_ids= or messages=; got {present or 'none'}"
+        )
+    name = present[0]
+    value = given[name]
+    if isinstance(value, str):
+        if name != "prompt":
+            raise InvalidRequestError(f"{name}: expected {PROMPT_KINDS[name]}, got a string")
+        check_unicode("prompt", value)
+        return value, None, None
+    if not isinstance(value, Sequence) or isinstance(value, bytes | bytearray):
+        raise InvalidRequestError(f"{name}: expected {PROMPT_KINDS[name]}, got {described(value)}")
+    if not value:
+        raise InvalidRequestError(f"{name}: expected {PROMPT_KINDS[name]}, got an empty list")
+    if name == "messages" or (name == "prompt" and isinstance(value[0], Mapping)):
+        return None, None, _messages(name, value)
+    return None, _token_ids(name, value, vocab_size), None
+
+
+def _token_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...]:
+    for i, tok in enumerate(ids):
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab_size:
+            raise InvalidRequestError(
+                f"{name}[{i}]: expected a token id in [0, {vocab_size}), got {show(tok)}"
+            )
+    return tuple(ids)
+
+
+def _messages(name: str, messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
+    out = []
+    for i, msg in enumerate(messages):
+        where = f"{name}[{i}]"
+        if not isinstance(msg, Mapping):
+            raise InvalidRequestError(
+                f"{where}: expected a chat message (an object with 'role' and 'content'), "
+                f"got {described(msg)}"
+            )
+        for key in ("role", "content"):
+            if key not in msg:
+                raise InvalidRequestError(
+                    f"{where}: expected a '{key}' field, got the fields "
+                    f"{', '.join(sorted(map(show, msg))) or 'none'}"
+                )
+            if not isinstance(msg[key], str):
+                raise InvalidRequestError(
+                    f"{where}.{key}: expected a string, got {described(msg[key])}"
+                )
+        _json(where, msg, 0)
+        out.append(dict(msg))
+    return tuple(out)
+
+
+def _json(where: str, value: Any, depth: int) -> None:
+    """A value MessagePack carries as JSON would (string keys; finite numbers;
+    integers in 64 bits; valid Unicode), at most MAX_JSON_DEPTH levels deep."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        check_unicode(where, value)
+    elif isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise InvalidRequestError(f"{where}: expected a 64-bit integer, got {show(value)}")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidRequestError(f"{where}: expected a finite number, got {value!r}")
+    elif depth >= MAX_JSON_DEPTH:
+        raise InvalidRequestError(
+            f"{where}: expected at most {MAX_JSON_DEPTH} levels of nested lists and objects"
+        )
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidRequestError(f"{where}: expected string keys, got {show(key)}")
+            check_unicode(f"{where}: a key", key)
+            _json(f"{where}.{key}" if key.isidentifier() else f"{where}[{key!r}]", item, depth + 1)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _json(f"{where}[{i}]", item, depth + 1)
+    else:
+        raise InvalidRequestError(
+            f"{where}: expected a JSON value (a string, number, bool, null, list or object), "
+            f"got {described(value)}"
+        )
+
+
+def described(value: Any) -> str:
+    """What arrived, for an error message: the type too, where the value does not show it."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return show(value)
+    return f"{type(value).__name__} {show(value)}"
+
+
+def check_unicode(where: str, text: str) -> None:
+    """Refuse a lone surrogate: a JSON string can carry one (``"\\ud800"``), but
+    it is not Unicode text, and the tokenizer cannot encode it."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidRequestError(
+            f"{where}: the text is not valid Unicode: a lone surrogate {text[err.start]!r} "
+            f"at position {err.start}; expected UTF-8 text (a \\ud800-\\udfff escape must be "
+            "half of a surrogate pair)"
+        ) from err
+
+
+# ---- sampling, stop strings, flags ---------------------------------------------------
+
+
+def _sampling(options: Mapping[str, Any], vocab_size: int) -> SamplingParams:
+    kw = {k: v for k, v in options.items() if k in SAMPLING_FIELDS}
+    if "stop_token_ids" in kw:
+        kw["stop_token_ids"] = _id_list("stop_token_ids", kw["stop_token_ids"])
+    if "logit_bias" in kw:
+        kw["logit_bias"] = _logit_bias(kw["logit_bias"])
+    if kw.get("seed") is None:
+        # Every request gets a seed here, so its tokens are a pure function of
+        # (seed, request, position) even when a crashed scheduler resubmits it.
+        kw["seed"] = secrets.randbits(63) & SEED_MASK
+    sampling = SamplingParams(**kw)
+    sampling.validate(vocab_size)
+    # JSON has one number type: an integer where a float goes is that float (an
+    # int past int64 in a float field would otherwise reach torch as an int).
+    repaired: dict[str, Any] = {k: float(kw[k]) for k in FLOAT_FIELDS if k in kw}
+    repaired["logit_bias"] = {tok: float(bias) for tok, bias in sampling.logit_bias.items()}
+    return dataclasses.replace(sampling, **repaired)
+
+
+def _id_list(name: str, value: Any) -> tuple[Any, ...]:
+    """The ids are checked by SamplingParams.validate; this checks the list."""
+    if value is None:
+        return ()
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes | bytearray):
+        raise InvalidRequestError(f"{name}: expected a list of token ids, got {described(value)}")
+    return tuple(value)
+
+
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+
+
+def _logit_bias(value: Any) -> dict[Any, Any]:
+    """Token ids as keys: ints, or decimal strings (a JSON object's keys)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidRequestError(
+            f"logit_bias: expected an object mapping token ids to biases, got {described(value)}"
+        )
+    out: dict[Any, Any] = {}
+    for key, bias in value.items():
+        tok = int(key) if isinstance(key, str) and _DECIMAL.fullmatch(key) else key
+        if isinstance(tok, bool) or not isinstance(tok, int):
+            raise InvalidRequestError(
+                f"logit_bias: expected token ids (integers, or decimal strings) as keys, "
+                f"got {show(key)}"
+            )
+        if tok in out:
+            raise InvalidRequestError(f"logit_bias: token id {tok} appears twice")
+        out[tok] = bias
+    return out
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = (value,) if isinstance(value, str) else value
+    if not isinstance(stops, Sequence) or isinstance(stops, bytes | bytearray):
+        raise InvalidRequestError(
+            f"stop: expected a string or a list of strings, got {described(value)}"
+        )
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(
+            f"stop: expected at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}"
+        )
+    for i, stop in enumerate(stops):
+        where = "stop" if isinstance(value, str) else f"stop[{i}]"
+        if not isinstance(stop, str) or not stop:
+            raise InvalidRequestError(
+                f"{where}: expected a non-empty string, got {described(stop)}"
+            )
+        if len(stop) > MAX_STOP_CHARS:
+            raise InvalidRequestError(
+                f"{where}: expected at most {MAX_STOP_CHARS} characters, got {len(stop)}"
+            )
+        check_unicode(where, stop)
+    return tuple(stops)
+
+
+def _flag(options: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidRequestError(f"{name}: expected true or false, got {show(value)}")
+    return value
+
+
+# ---- the codec check ------------------------------------------------------------------
+
+
+def _as_received(req: GenerateRequest) -> GenerateRequest:
+    """``req`` as the tokenizer will read it. Encoded as MessagePack here, not by
+    ``codec.dumps``: its pickle fallback would carry a value the tokenizer
+    cannot use. The checks above leave nothing for this to find; it is the
+    net under them."""
+    try:
+        data = msgspec.msgpack.encode(req)
+    except (TypeError, ValueError, OverflowError, RecursionError) as err:
+        raise InvalidRequestError(f"the request cannot be sent: {err}") from err
+    try:
+        received: GenerateRequest = codec.loads(data)
+    except ValueError as err:  # msgspec.ValidationError: a field of the wrong type
         raise InvalidRequestError(f"a parameter has the wrong type: {_named(err)}") from err
     return received
 
@@ -100,36 +366,7 @@ def _named(err: ValueError) -> str:
     return re.sub(r"\$\[(\d+)\]", name, str(err))
 
 
-def _prompt(prompt: Any, options: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    given = {
-        "prompt": prompt,
-        "input_ids": options.get("input_ids"),
-        "messages": options.get("messages"),
-    }
-    present = [k for k, v in given.items() if v is not None]
-    if len(present) != 1:
-        raise InvalidRequestError(
-            f"expected exactly one of a prompt, input_ids= or messages=; got {present or 'none'}"
-        )
-    value = given[present[0]]
-    if isinstance(value, str):
-        if present[0] != "prompt":
-            raise InvalidRequestError(f"{present[0]}: expected a list, got a string")
-        return value, None, None
-    if not isinstance(value, Sequence) or isinstance(value, bytes):
-        raise InvalidRequestError(
-            f"prompt: expected text, a list of token ids or a list of messages, got {type(value).__name__}"
-        )
-    if present[0] != "messages" and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value
-    ):
-        return None, tuple(value), None
-    if present[0] != "input_ids" and all(isinstance(m, dict) for m in value):
-        return None, None, tuple(dict(m) for m in value)
-    raise InvalidRequestError(
-        f"{present[0]}: expected a list of token ids (ints) or of chat messages (objects), "
-        f"got {list(value)[:3]!r}…"
-    )
+# ---- the output -------------------------------------------------------------------------
 
 
 def finished_output(record: Record) -> GenerateOutput:
@@ -144,6 +381,7 @@ def finished_output(record: Record) -> GenerateOutput:
             top_logprobs=tuple(tuple(t) for t in seq.top_logprobs)
             if record.req.sampling.top_logprobs
             else None,
+            resumed_from=tuple(seq.resumed_from),
         )
         for i, seq in enumerate(record.seqs)
     )
@@ -161,7 +399,7 @@ def finished_output(record: Record) -> GenerateOutput:
         latency=done - record.created if done is not None else None,
     )
     return GenerateOutput(
-        rid=record.rid,
+        rid=record.user_rid,
         text=first.text,
         output_ids=first.output_ids,
         finish_reason=first.finish_reason,
