@@ -53,6 +53,12 @@ class EngineOptions(BaseModel):
     restart_wait_timeout: float = Field(
         60.0, gt=0, description="how long a new request waits for a restarting actor"
     )
+    drain_timeout: float = Field(
+        30.0,
+        ge=0,
+        description="on SIGTERM/SIGINT, how long requests in flight may take to finish "
+        "before they are aborted and the engine stops",
+    )
     fault_plan: Any = Field(None, description="a FaultPlan, or a path to one (JSON or TOML)")
     ring_capacity: int = Field(1 << 22, ge=1 << 12)
 

@@ -21,7 +21,7 @@ The tree::
     │   ├── InvalidRequestError(ValueError)   bad parameters: says what was expected and what arrived
     │   ├── ContextOverflowError      prompt + max_new_tokens do not fit the context or the KV pool
     │   ├── RequestAborted            the request was aborted (client gone, admin abort)
-    │   ├── RequestFailedError        in flight for K consecutive crashes (a poison request)
+    │   ├── RequestFailedError        a poison request (K crashes), or an internal error it alone hit
     │   └── ServiceUnavailableError   an actor it needs did not come back within the wait
     └── EngineShutdownError           the engine is stopping and accepts nothing new
 
@@ -119,7 +119,8 @@ class RequestAborted(RequestError):
 
 
 class RequestFailedError(RequestError):
-    """The request was in flight for K consecutive crashes of an actor (a poison request)."""
+    """The request failed alone: an actor crashed with it in hand K times (a poison
+    request), or handling it raised an error that is a bug in rt."""
 
 
 class EngineShutdownError(RtError):

@@ -15,6 +15,14 @@ tools/bench_codec.py).
     frontend ──Abort / FinishNow / Scheduled (resubmit)──▶ scheduler
     frontend ──OpenStream / CloseStream──▶ detokenizer
     scheduler ──StepTokens / Refused──▶ detokenizer ──StreamDeltas / Refused──▶ frontend
+    detokenizer ──DetokenizerUp (its first frame)──▶ frontend
+
+Every frame a scheduler sends carries its ``epoch`` (its incarnation): after a
+scheduler restart the frontend reopens each live stream at the new epoch with
+the tokens it holds, and tokens of an older epoch are dropped from then on, so
+every output is one that a single run conditioned on its own prefix produced.
+A ``rid`` on the rings is the frontend's own (unique per request, never holding
+"/"); the caller's rid stays in the frontend's table.
 """
 
 from __future__ import annotations
@@ -51,15 +59,18 @@ class GenerateRequest(Message, frozen=True):
 
 
 class Scheduled(Message, frozen=True):
-    """A tokenized, validated request for the scheduler. ``output_ids`` is
-    non-empty when the frontend resubmits a request after a scheduler crash:
-    the tokens it already has, with ``sampling.max_new_tokens`` the remaining budget."""
+    """A tokenized, validated request for the scheduler (from a tokenizer, or
+    resubmitted by the frontend after a scheduler crash, with the tokens it holds)."""
 
     rid: str
     input_ids: np.ndarray
     sampling: SamplingParams
     priority: int = 0
-    output_ids: tuple[np.ndarray, ...] = ()  # per child (n > 1), tokens already generated
+    # A resubmission: per child (n > 1 has several), the tokens it already has. They
+    # count against ``sampling.max_new_tokens`` (the original budget); the children
+    # named in ``finished`` are done and are not run again.
+    output_ids: tuple[np.ndarray, ...] = ()
+    finished: tuple[int, ...] = ()
 
 
 class Tokenized(Message, frozen=True):
@@ -89,13 +100,16 @@ class FinishNow(Message, frozen=True):
 
 
 class OpenStream(Message, frozen=True):
-    """Start (or, after a detokenizer restart, rebuild) the decode state of a stream."""
+    """Start (or, after an actor restart, rebuild) the decode state of a stream:
+    ``prior_ids`` are the tokens the frontend holds, and from now on only tokens
+    of scheduler ``epoch`` (or later, once reopened at it) count."""
 
     rid: str
     index: int
     prompt_tail: np.ndarray
     detok: DetokParams
     prior_ids: np.ndarray
+    epoch: int = 0
 
     @property
     def key(self) -> str:
@@ -133,6 +147,7 @@ class SchedulerStats(Message, frozen=True):
     free_tokens: int
     integrity_ok: bool
     retractions: int
+    requests: int = 0  # per-request records the scheduler actor holds (0 when all ended)
 
 
 class StepTokens(Message, frozen=True):
@@ -143,6 +158,7 @@ class StepTokens(Message, frozen=True):
     refused: tuple[Refused, ...] = ()
     stats: SchedulerStats | None = None
     stepped_at: float = 0.0  # time.monotonic() when the step ended (system-wide clock)
+    epoch: int = 0  # the scheduler's incarnation
 
 
 class SeqDelta(Message, frozen=True):
@@ -161,6 +177,15 @@ class SeqDelta(Message, frozen=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     seed: int = 0
+    epoch: int = 0  # the scheduler epoch of its tokens
+
+
+class DetokStats(Message, frozen=True):
+    """What the detokenizer holds: open streams, and step records parked for a
+    stream not open (yet) at their epoch. Both are 0 once every request ended."""
+
+    streams: int
+    parked: int
 
 
 class StreamDeltas(Message, frozen=True):
@@ -168,6 +193,15 @@ class StreamDeltas(Message, frozen=True):
     refused: tuple[Refused, ...] = ()
     stats: SchedulerStats | None = None
     stepped_at: float = 0.0
+    unknown: tuple[str, ...] = ()  # stream keys with parked tokens and no open: close or open?
+    detok: DetokStats | None = None
+
+
+class DetokenizerUp(Message, frozen=True):
+    """A detokenizer's first frame: everything before it in the ring is its
+    predecessor's; the frontend reopens every live stream when it reads this."""
+
+    incarnation: int
 
 
 def _messages() -> list[type[Message]]:
@@ -178,4 +212,5 @@ codec.register(*_messages())
 
 
 def stream_key(rid: str, index: int) -> str:
-    return rid if index == 0 else f"{rid}/{index}"
+    """The detokenizer's name for one sequence. Unique because ring rids never hold "/"."""
+    return f"{rid}/{index}"

@@ -106,6 +106,10 @@ class IncrementalDetokenizer:
     def __contains__(self, rid: str) -> bool:
         return rid in self._states
 
+    def output_len(self, rid: str) -> int:
+        """How many output tokens of open request ``rid`` this detokenizer has."""
+        return self._states[rid].n_output
+
     def step(self, updates: Sequence[TokenUpdate]) -> list[TextDelta]:
         """Apply one frame of updates; return a delta per request that changed."""
         touched: list[tuple[TokenUpdate, DecodeState, tuple[int, ...], int]] = []

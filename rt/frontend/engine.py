@@ -4,13 +4,20 @@ The frontend lives in the caller's trio loop. It owns the request table (the
 source of truth), sends each request to a tokenizer worker, routes what comes
 back to the waiting caller, and recovers what a restarted actor lost:
 
-* scheduler restarted: requests stuck across ``max_crashes_per_request``
-  crashes fail alone; every other live request is resubmitted as prompt +
-  tokens so far;
-* detokenizer restarted: whatever its predecessor sent is taken first, then
-  every live stream is reopened with the output the table holds;
+* scheduler restarted (a new epoch): every request in flight is a suspect;
+  suspects are readmitted one at a time as prompt + tokens so far, and one
+  that keeps crashing the scheduler alone fails as poison (rt/frontend/table.py);
+  every live stream is reopened at the new epoch with the output the table holds;
+* detokenizer restarted: its first frame (``DetokenizerUp``) follows whatever
+  its predecessor sent, so the one task that reads that ring handles those
+  frames first and then reopens every live stream (one ordered path);
 * tokenizer restarted: nothing to do, its ring redelivers what it had not
   committed.
+
+Every ring the frontend writes has one lock in front of it, so any number of
+callers wait their turn on a full ring (backpressure) instead of colliding.
+A request's rid on the rings is the frontend's own (unique); the caller's rid
+may be reused once its request has left the table.
 """
 
 from __future__ import annotations
@@ -18,10 +25,14 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import signal
+import threading
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+import msgspec
 import trio
 
 from rt import errors
@@ -30,10 +41,12 @@ from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.table import Record, RequestTable, Update
-from rt.frontend.wiring import DETOKENIZER, SCHEDULER, supervisor_spec
+from rt.frontend.wiring import SCHEDULER, supervisor_spec
 from rt.messages import (
     Abort,
     CloseStream,
+    DetokenizerUp,
+    DetokStats,
     FinishNow,
     GenerateRequest,
     Refused,
@@ -47,6 +60,43 @@ from rt.shm import RingReceiver, RingSender, codec
 
 log = logging.getLogger(__name__)
 RETRY_S = 0.02  # how often a frontend end retries a ring whose peer is restarting
+T = TypeVar("T")
+
+
+class Latest(Generic[T]):
+    """The latest value of something reported now and then; wait for one you like."""
+
+    def __init__(self) -> None:
+        self.value: T | None = None
+        self._changed = trio.Event()
+
+    def set(self, value: T) -> None:
+        self.value = value
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, until: Callable[[T], bool]) -> T:
+        while self.value is None or not until(self.value):
+            await self._changed.wait()
+        return self.value
+
+
+class _Out:
+    """The frontend's end of one ring, with the lock every sender takes."""
+
+    def __init__(self, tx: RingSender) -> None:
+        self.tx = tx
+        self.lock = trio.Lock()
+
+    async def send(self, msg: Any) -> None:
+        data = codec.dumps(msg)
+        async with self.lock:
+            while True:
+                try:
+                    await self.tx.send(data)
+                    return
+                except errors.Broken:  # the reader died with the ring full: wait for its successor
+                    await trio.sleep(RETRY_S)
 
 
 class Engine:
@@ -58,24 +108,28 @@ class Engine:
         self.table = RequestTable(options.max_crashes_per_request)
         self._sup = supervisor
         workers = options.tokenizer_workers
-        self._to_tok = [
-            RingSender.attach(supervisor.ring(f"front-tok{i}").spec) for i in range(workers)
-        ]
-        self._from_tok = [
-            RingReceiver.attach(supervisor.ring(f"tok{i}-front").spec) for i in range(workers)
-        ]
-        self._to_sched = RingSender.attach(supervisor.ring("front-sched").spec)
-        self._to_detok = RingSender.attach(supervisor.ring("front-detok").spec)
-        self._from_detok = RingReceiver.attach(supervisor.ring("detok-front").spec)
-        self._control_send, self._control_recv = trio.open_memory_channel[tuple[RingSender, Any]](
+
+        def out(name: str) -> _Out:
+            return _Out(RingSender.attach(supervisor.ring(name).spec))
+
+        def in_(name: str) -> RingReceiver:
+            return RingReceiver.attach(supervisor.ring(name).spec)
+
+        self._to_tok = [out(f"front-tok{i}") for i in range(workers)]
+        self._from_tok = [in_(f"tok{i}-front") for i in range(workers)]
+        self._to_sched = out("front-sched")
+        self._to_detok = out("front-detok")
+        self._from_detok = in_("detok-front")
+        self._control_send, self._control_recv = trio.open_memory_channel[tuple[_Out, Any]](
             math.inf
         )
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
         self._round_robin = itertools.count()
         self._closing = False
-        self._scheduler_epoch = 0  # scheduler restarts seen
-        self._stats: SchedulerStats | None = None
-        self._stats_changed = trio.Event()
+        self._epoch = supervisor.status().actor(SCHEDULER).incarnation
+        self._stats: Latest[SchedulerStats] = Latest()
+        self._detok_stats: Latest[DetokStats] = Latest()
+        self.stopped_by: str | None = None  # the signal that stopped the engine, if one did
 
     # ---- the public API -------------------------------------------------------
 
@@ -83,8 +137,8 @@ class Engine:
         """Generate to the end. ``prompt`` is text, token ids or chat messages;
         ``options`` are sampling parameters, ``stop``, ``n``, ``logprobs``, ….
         Cancelling the awaiting task aborts the request."""
-        req = build_request(prompt, options, self.vocab_size)
-        updates = await self._submit(req)
+        req, user_rid = self._build(prompt, options)
+        updates = await self._submit(req, user_rid)
         try:
             async for item in updates:
                 if isinstance(item, Refused):
@@ -97,7 +151,7 @@ class Engine:
         """``async for chunk in engine.stream(...)``: the text and ids of each sequence
         as they come (deltas). Leaving the loop early, or cancelling the task that
         iterates, aborts the request."""
-        return Stream(self, build_request(prompt, options, self.vocab_size))
+        return Stream(self, *self._build(prompt, options))
 
     def actors(self) -> tuple[ActorStatus, ...]:
         """Every child: name, pid, state, restart count, last exit reason, heartbeat age."""
@@ -111,23 +165,35 @@ class Engine:
         self, until: Callable[[SchedulerStats], bool] = lambda s: True
     ) -> SchedulerStats:
         """The scheduler's state when it last went idle; waits for one that ``until`` accepts."""
-        while self._stats is None or not until(self._stats):
-            await self._stats_changed.wait()
-        return self._stats
+        return await self._stats.wait(until)
+
+    async def detokenizer_stats(
+        self, until: Callable[[DetokStats], bool] = lambda s: True
+    ) -> DetokStats:
+        """What the detokenizer holds (open streams, parked tokens) as it last
+        reported; waits for a report that ``until`` accepts."""
+        return await self._detok_stats.wait(until)
 
     # ---- requests in and out ----------------------------------------------------
 
-    async def _submit(self, req: GenerateRequest) -> trio.MemoryReceiveChannel[Update | Refused]:
+    def _build(self, prompt: Any, options: dict[str, Any]) -> tuple[GenerateRequest, str]:
+        """The request with a ring rid of its own, and the caller's rid."""
+        req = build_request(prompt, options, self.vocab_size)
+        return msgspec.structs.replace(req, rid=uuid.uuid4().hex), req.rid
+
+    async def _submit(
+        self, req: GenerateRequest, user_rid: str
+    ) -> trio.MemoryReceiveChannel[Update | Refused]:
         if self._closing:
             raise errors.EngineShutdownError("the engine is shutting down; no new requests")
         await self._wait_healthy()
-        self.table.add(req).epoch = self._scheduler_epoch
+        self.table.add(req, user_rid, self._epoch)
         send, receive = trio.open_memory_channel[Update | Refused](math.inf)
         self._waiters[req.rid] = send
         worker = next(self._round_robin) % len(self._to_tok)
         try:
-            await self._send(self._to_tok[worker], req)
-        except BaseException:  # cancelled while the ring was full: the request never left
+            await self._to_tok[worker].send(req)
+        except BaseException:  # cancelled while waiting for the ring: the request never left
             self.table.remove(req.rid)
             self._waiters.pop(req.rid, None)
             raise
@@ -153,8 +219,10 @@ class Engine:
         record = self.table.remove(rid)
         self._waiters.pop(rid, None)
         if record is not None and not record.finished and not self._closing:
-            self._queue(self._to_sched, Abort(rid))
+            if record.sent_epoch:  # else it waits in quarantine: the scheduler has nothing
+                self._queue(self._to_sched, Abort(rid))
             self._close_streams(record)
+        self._readmit()
 
     def _deliver(self, record: Record, item: Update | Refused) -> None:
         waiter = self._waiters.get(record.rid)
@@ -167,6 +235,7 @@ class Engine:
         self._close_streams(record)
         if any(isinstance(s.matched_stop, str) for s in record.seqs):
             self._queue(self._to_sched, FinishNow(record.rid))  # a stop string: free its KV now
+        self._readmit()
 
     def _close_streams(self, record: Record) -> None:
         for i in range(len(record.seqs)):
@@ -177,6 +246,7 @@ class Engine:
         if record is not None and record.error is refused:
             self._close_streams(record)
             self._deliver(record, refused)
+            self._readmit()
 
     # ---- routing (tasks in the engine's nursery) --------------------------------
 
@@ -184,25 +254,34 @@ class Engine:
         async for msg in self._frames(rx):
             if isinstance(msg, Tokenized):
                 record = self.table.on_tokenized(msg)
-                if record is not None:
-                    for op in self.table.open_streams(record):
-                        self._queue(self._to_detok, op)
-                    if record.epoch != self._scheduler_epoch:
-                        # The scheduler restarted after it may have taken this request in
-                        # (from the tokenizer's ring) but before these ids reached the table,
-                        # so the restart could not resubmit it: do it now (a duplicate is
-                        # recognised by rid).
-                        self._resubmit(record)
+                if record is None:
+                    continue
+                self._open_streams(record)
+                if record.rid == self.table.probation:
+                    # A suspect readmitted before its ids were known: send it now.
+                    self._resubmit(record)
             elif isinstance(msg, Refused):
                 self._fail(msg)
 
     async def route_deltas(self) -> None:
         async for msg in self._frames(self._from_detok):
-            self._on_deltas(msg)
+            if isinstance(msg, StreamDeltas):
+                self._on_deltas(msg)
+            elif isinstance(msg, DetokenizerUp) and msg.incarnation > 1:
+                # Everything its predecessor sent came before this frame and is handled:
+                # the successor rebuilds every live stream from what the table holds.
+                log.warning("detokenizer restarted (incarnation %d)", msg.incarnation)
+                for record in self.table.live():
+                    self._open_streams(record)
 
     def _on_deltas(self, msg: StreamDeltas) -> None:
         for delta in msg.deltas:
-            update = self.table.on_delta(delta, msg.stepped_at)
+            try:
+                update = self.table.on_delta(delta, msg.stepped_at)
+            except AssertionError as err:  # a bug; it fails this request, not the engine
+                log.error("%s", err)
+                self._fail(Refused(delta.rid, "RequestFailedError", f"internal error: {err}"))
+                continue
             if update is None:
                 continue
             record = self.table.records[delta.rid]
@@ -211,10 +290,14 @@ class Engine:
                 self._finish(record)
         for refused in msg.refused:
             self._fail(refused)
+        for key in msg.unknown:  # parked tokens with no open: tell the detokenizer to drop them
+            owner = self.table.records.get(key.rpartition("/")[0])
+            if owner is None or owner.finished:
+                self._queue(self._to_detok, CloseStream(key))
         if msg.stats is not None:
-            self._stats = msg.stats
-            self._stats_changed.set()
-            self._stats_changed = trio.Event()
+            self._stats.set(msg.stats)
+        if msg.detok is not None:
+            self._detok_stats.set(msg.detok)
 
     async def _frames(self, rx: RingReceiver) -> AsyncIterator[Any]:
         """Each message of ``rx``, committed once handled; waits out a restarting peer."""
@@ -227,80 +310,79 @@ class Engine:
             yield codec.loads(data)
             rx.commit()
 
-    def _queue(self, tx: RingSender, msg: Any) -> None:
-        self._control_send.send_nowait((tx, msg))
+    def _queue(self, out: _Out, msg: Any) -> None:
+        self._control_send.send_nowait((out, msg))
 
     async def send_control(self) -> None:
-        async for tx, msg in self._control_recv:
-            await self._send(tx, msg)
-
-    async def _send(self, tx: RingSender, msg: Any) -> None:
-        data = codec.dumps(msg)
-        while True:
-            try:
-                await tx.send(data)
-                return
-            except errors.Broken:  # the reader died with the ring full: wait for its successor
-                await trio.sleep(RETRY_S)
+        async for out, msg in self._control_recv:
+            await out.send(msg)
 
     # ---- recovery ------------------------------------------------------------------
 
-    async def watch_restarts(self) -> None:
-        seen = {a.name: a.incarnation for a in self._sup.status().actors}
-
-        def restarted(status: Any) -> bool:
-            return any(
-                a.state is ActorState.RUNNING and a.incarnation > seen[a.name]
-                for a in status.actors
-            )
-
+    async def watch_scheduler(self) -> None:
+        """Each new scheduler incarnation is a new epoch (see the module docstring)."""
         while True:
-            status = await self._sup.wait_for(restarted)
-            for actor in status.actors:
-                if actor.state is ActorState.RUNNING and actor.incarnation > seen[actor.name]:
-                    seen[actor.name] = actor.incarnation
-                    log.warning("%s restarted (incarnation %d)", actor.name, actor.incarnation)
-                    self._recover(actor.name)
-
-    def _recover(self, name: str) -> None:
-        if name == SCHEDULER:
-            for record in self.table.note_scheduler_crash():
+            status = await self._sup.wait_for(
+                lambda s: (
+                    s.actor(SCHEDULER).state is ActorState.RUNNING
+                    and s.actor(SCHEDULER).incarnation > self._epoch
+                )
+            )
+            self._epoch = status.actor(SCHEDULER).incarnation
+            log.warning("scheduler restarted (epoch %d)", self._epoch)
+            for record in self.table.on_scheduler_crash():
                 self._fail(
                     Refused(
                         record.rid,
                         "RequestFailedError",
-                        f"request {record.rid} was in flight for {self.table.max_crashes} "
-                        "scheduler crashes in a row; it fails alone so that the others go on",
+                        f"request {record.user_rid} was in flight for {record.crashes} "
+                        "scheduler crashes, the last with no other suspect beside it; "
+                        "it fails alone so that the others go on",
                     )
                 )
-            self._scheduler_epoch += 1
+            self.table.new_epoch(self._epoch)
             for record in self.table.live():
-                self._resubmit(record)
-        elif name == DETOKENIZER:
-            self._drain(self._from_detok, self._on_deltas)
-            for record in self.table.live():
-                if record.input_ids is not None:
-                    for op in self.table.open_streams(record):
-                        self._queue(self._to_detok, op)
+                self._open_streams(record)
+            self._readmit()
+
+    def _open_streams(self, record: Record) -> None:
+        if record.input_ids is not None:
+            for op in self.table.open_streams(record):
+                self._queue(self._to_detok, op)
+
+    def _readmit(self) -> None:
+        """Send the next suspect in quarantine, once the one on probation has ended."""
+        record = self.table.next_on_probation()
+        if record is not None:
+            self._resubmit(record)
 
     def _resubmit(self, record: Record) -> None:
         sub = self.table.resubmission(record)
-        if sub is not None:  # else its ids are unknown: their arrival will resubmit it
-            record.epoch = self._scheduler_epoch
+        if sub is not None:  # else its ids are unknown: their arrival sends it
+            record.sent_epoch = self._epoch
             self._queue(self._to_sched, sub)
 
-    @staticmethod
-    def _drain(rx: RingReceiver, handle: Callable[[Any], None]) -> None:
-        """Handle every frame already in ``rx``: a dead sender's last words."""
-        while True:
-            try:
-                data = rx.receive_data_nowait()
-            except (errors.WouldBlock, errors.EndOfChannel):
-                return
-            handle(codec.loads(data))
-            rx.commit()
-
     # ---- shutdown -------------------------------------------------------------------
+
+    async def stop_on_signal(self, cancel_scope: trio.CancelScope) -> None:
+        """SIGTERM or SIGINT: refuse new requests, let those in flight finish for
+        at most ``drain_timeout``, then end the ``async with`` body (cancelled)."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self.stopped_by = signal.Signals(signum).name
+                self._closing = True
+                live = len(self.table.live())
+                log.warning(
+                    "%s: draining %d request(s) for at most %g s",
+                    self.stopped_by,
+                    live,
+                    self.options.drain_timeout,
+                )
+                with trio.move_on_after(self.options.drain_timeout):
+                    while self.table.live():
+                        await trio.sleep(0.05)
+                cancel_scope.cancel()
+                return
 
     def close(self) -> None:
         self._closing = True
@@ -315,14 +397,10 @@ class Engine:
                     )
                 )
             waiter.close()
-        for end in (
-            *self._to_tok,
-            *self._from_tok,
-            self._to_sched,
-            self._to_detok,
-            self._from_detok,
-        ):
-            end.close()
+        for end in (*self._to_tok, self._to_sched, self._to_detok):
+            end.tx.close()
+        for rx in (*self._from_tok, self._from_detok):
+            rx.close()
 
 
 class Stream:
@@ -330,15 +408,12 @@ class Stream:
     generator: leaving it early then needs no ``aclosing``, and the abort it
     triggers is synchronous)."""
 
-    def __init__(self, engine: Engine, req: GenerateRequest) -> None:
+    def __init__(self, engine: Engine, req: GenerateRequest, user_rid: str) -> None:
         self._engine = engine
         self._req = req
+        self.rid = user_rid
         self._updates: trio.MemoryReceiveChannel[Update | Refused] | None = None
         self._done = False
-
-    @property
-    def rid(self) -> str:
-        return self._req.rid
 
     def __aiter__(self) -> Stream:
         return self
@@ -348,7 +423,7 @@ class Stream:
             raise StopAsyncIteration
         try:
             if self._updates is None:
-                self._updates = await self._engine._submit(self._req)
+                self._updates = await self._engine._submit(self._req, self.rid)
             try:
                 item = await self._updates.receive()
             except trio.EndOfChannel:
@@ -358,7 +433,7 @@ class Stream:
         except BaseException:
             self.close()
             raise
-        seq = self._engine.table.records[self.rid].seqs[item.index]
+        seq = self._engine.table.records[self._req.rid].seqs[item.index]
         return Chunk(
             self.rid,
             item.index,
@@ -374,7 +449,7 @@ class Stream:
         if not self._done:
             self._done = True
             if self._updates is not None:
-                self._engine._leave(self.rid)
+                self._engine._leave(self._req.rid)
 
     async def aclose(self) -> None:
         self.close()
@@ -395,7 +470,13 @@ def refusal_error(refused: Refused) -> errors.RtError:
 async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIterator[Engine]:
     """Start the engine (tokenizer, scheduler and detokenizer processes, supervised)
     for the body of the ``async with``. ``model_path=None`` serves the shipped default
-    model; ``options`` are those of :class:`rt.config.EngineOptions`."""
+    model; ``options`` are those of :class:`rt.config.EngineOptions`.
+
+    In the main thread, SIGTERM and SIGINT stop the engine gracefully: new
+    requests are refused (EngineShutdownError), those in flight get up to
+    ``drain_timeout`` seconds to finish, then the body is cancelled and the
+    ``async with`` exits normally, with every process stopped and every segment
+    unlinked; ``engine.stopped_by`` names the signal."""
     opts = EngineOptions.build(model_path=model_path, **options)
     spec = supervisor_spec(opts)
     plan = opts.fault_plan
@@ -410,7 +491,9 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
                     nursery.start_soon(engine.route_tokenized, rx)
                 nursery.start_soon(engine.route_deltas)
                 nursery.start_soon(engine.send_control)
-                nursery.start_soon(engine.watch_restarts)
+                nursery.start_soon(engine.watch_scheduler)
+                if threading.current_thread() is threading.main_thread():
+                    nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
                 try:
                     yield engine
                 finally:

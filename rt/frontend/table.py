@@ -5,11 +5,25 @@ ids, every token and character already received) is what their successors are
 rebuilt from. Merging is idempotent: a delta carries the offsets of its first
 token and character, and only what the table lacks is taken, so redelivered
 or regenerated output is never shown twice.
+
+**Epochs.** Each record remembers the scheduler epoch (incarnation) its
+streams were last opened at; a delta of an older epoch is dropped, so what a
+record holds is always one run's output conditioned on its own prefix, even
+when a re-prefill after a restart computes different logits (bfloat16).
+
+**Quarantine.** A scheduler crash cannot be attributed to one request: every
+request in flight at the crash becomes a suspect and waits in quarantine;
+suspects are readmitted one at a time (each runs to its end before the next
+goes in), so a repeat crash names its culprit. A request is refused as
+poison once it has been in flight for ``max_crashes`` crashes and the last of
+them happened while it was the suspect on probation (or alone in flight);
+innocents finish with their normal output.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -37,6 +51,7 @@ class SeqState:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     seed: int | None = None
+    resumed_from: list[int] = field(default_factory=list)  # held tokens at each new epoch
 
 
 @dataclass
@@ -53,7 +68,8 @@ class Update:
 
 @dataclass
 class Record:
-    req: GenerateRequest
+    req: GenerateRequest  # its rid is the ring rid: unique, made by the frontend
+    user_rid: str  # the caller's rid (or the ring rid when the caller gave none)
     seqs: list[SeqState]
     created: float
     input_ids: np.ndarray | None = None
@@ -63,8 +79,9 @@ class Record:
     first_token_at: float | None = None
     finished_at: float | None = None
     error: Refused | None = None
-    stalled_crashes: int = 0  # scheduler crashes in a row with no new token in between
-    epoch: int = 0  # the scheduler incarnation (as the frontend counts) it was last sent to
+    epoch: int = 0  # the scheduler epoch its streams were last opened at
+    sent_epoch: int = 0  # the scheduler epoch it was last handed to (0: held in quarantine)
+    crashes: int = 0  # scheduler crashes it was in flight for
 
     @property
     def rid(self) -> str:
@@ -78,17 +95,34 @@ class Record:
 class RequestTable:
     def __init__(self, max_crashes: int = 3) -> None:
         self.records: dict[str, Record] = {}
+        self.by_user_rid: dict[str, str] = {}
         self.max_crashes = max_crashes
+        self.quarantine: deque[str] = deque()  # suspects waiting to be readmitted, in order
+        self.probation: str | None = None  # the suspect readmitted alone, if any
 
-    def add(self, req: GenerateRequest) -> Record:
-        if req.rid in self.records:
-            raise InvalidRequestError(f"rid: {req.rid!r} is already in flight; rids must be unique")
-        record = Record(req, [SeqState() for _ in range(req.sampling.n)], time.monotonic())
+    def add(self, req: GenerateRequest, user_rid: str, epoch: int) -> Record:
+        """A new request, sent to scheduler ``epoch``. A caller's rid may be used
+        again once its request has left the table; while it is in flight it is refused."""
+        if user_rid in self.by_user_rid:
+            raise InvalidRequestError(
+                f"rid: {user_rid!r} is already in flight; a rid can be used again once "
+                "its request has finished"
+            )
+        record = Record(
+            req, user_rid, [SeqState() for _ in range(req.sampling.n)], time.monotonic()
+        )
+        record.epoch = record.sent_epoch = epoch
         self.records[req.rid] = record
+        self.by_user_rid[user_rid] = req.rid
         return record
 
     def remove(self, rid: str) -> Record | None:
-        return self.records.pop(rid, None)
+        record = self.records.pop(rid, None)
+        if record is not None:
+            self.by_user_rid.pop(record.user_rid, None)
+            if rid in self.quarantine:
+                self.quarantine.remove(rid)
+        return record
 
     def live(self) -> list[Record]:
         return [r for r in self.records.values() if not r.finished]
@@ -112,10 +146,13 @@ class RequestTable:
         return record
 
     def on_delta(self, delta: SeqDelta, stepped_at: float = 0.0) -> Update | None:
-        """Merge one delta; return what was new, or None if nothing was."""
+        """Merge one delta; return what was new, or None if nothing was. Raises
+        AssertionError on a gap (a lost frame: a bug, which fails the request)."""
         record = self.records.get(delta.rid)
         if record is None or record.finished or delta.index >= len(record.seqs):
             return None
+        if delta.epoch < record.epoch:
+            return None  # a dead scheduler's tokens past the point its successor resumed from
         seq = record.seqs[delta.index]
         if seq.finish_reason is not None:
             return None
@@ -133,10 +170,8 @@ class RequestTable:
             seq.logprobs += [float(x) for x in delta.logprobs[have - delta.token_offset :]]
         if delta.top_logprobs is not None:
             seq.top_logprobs += delta.top_logprobs[have - delta.token_offset :]
-        if ids:
-            record.stalled_crashes = 0
-            if record.first_token_at is None:
-                record.first_token_at = time.monotonic()
+        if ids and record.first_token_at is None:
+            record.first_token_at = time.monotonic()
         seq.seed = delta.seed if seq.seed is None else seq.seed
         record.prompt_tokens = delta.prompt_tokens or record.prompt_tokens
         record.cached_tokens = max(record.cached_tokens, delta.cached_tokens)
@@ -152,34 +187,29 @@ class RequestTable:
     # ---- recovery ---------------------------------------------------------------
 
     def resubmission(self, record: Record) -> Scheduled | None:
-        """After a scheduler crash: ``record`` as prompt + tokens so far, with the
-        remaining budget and the same seed (None: its prompt ids are not known yet,
-        or its last token is already on its way).
-
-        A request with ``n > 1`` starts again from its prompt: its sequences hold
-        different outputs, and with its seed it regenerates the same tokens, which
-        the merge recognises by offset."""
+        """``record`` as prompt + tokens so far, per sequence, with its original
+        parameters and seed (None: its prompt ids are not known yet)."""
         if record.input_ids is None:
             return None
         sampling = record.req.sampling
         if sampling.seed is None and record.seqs[0].seed is not None:
-            sampling = replace(sampling, seed=record.seqs[0].seed)
-        prior: tuple[np.ndarray, ...] = ()
-        if sampling.n == 1:
-            done = len(record.seqs[0].output_ids)
-            if done >= sampling.max_new_tokens:
-                return None
-            sampling = replace(
-                sampling,
-                max_new_tokens=sampling.max_new_tokens - done,
-                min_new_tokens=max(0, sampling.min_new_tokens - done),
-            )
-            prior = (np.asarray(record.seqs[0].output_ids, dtype=np.int64),)
-        return Scheduled(record.rid, record.input_ids, sampling, record.req.priority, prior)
+            sampling = replace(sampling, seed=record.seqs[0].seed)  # child 0 keeps the seed
+        prior = tuple(np.asarray(s.output_ids, dtype=np.int64) for s in record.seqs)
+        done = tuple(i for i, s in enumerate(record.seqs) if s.finish_reason is not None)
+        return Scheduled(record.rid, record.input_ids, sampling, record.req.priority, prior, done)
+
+    def new_epoch(self, epoch: int) -> None:
+        """A scheduler restarted: from now on only tokens of ``epoch`` count for every
+        live request (reopen their streams), each resuming from what it holds."""
+        for record in self.live():
+            record.epoch = epoch
+            for seq in record.seqs:
+                if seq.finish_reason is None:
+                    seq.resumed_from.append(len(seq.output_ids))
 
     def open_streams(self, record: Record) -> list[OpenStream]:
-        """The detokenizer streams of one request, with the output it already has
-        (empty for a new request; after a detokenizer restart, its rebuild)."""
+        """The detokenizer streams of one request at its epoch, with the output it
+        already has (empty for a new request; after a restart, its rebuild)."""
         assert record.input_ids is not None
         tail = record.input_ids[-CONTEXT_TOKENS:]
         return [
@@ -189,20 +219,43 @@ class RequestTable:
                 tail,
                 record.req.detok,
                 np.asarray(seq.output_ids, dtype=np.int64),
+                record.epoch,
             )
             for i, seq in enumerate(record.seqs)
             if seq.finish_reason is None
         ]
 
-    def note_scheduler_crash(self) -> list[Record]:
-        """Count a scheduler crash against every live, scheduled request; return
-        those in flight for ``max_crashes`` crashes in a row without a new token
-        (poison suspects: they fail alone, the rest are resubmitted)."""
-        poisoned = []
-        for record in self.live():
-            if record.input_ids is None:
-                continue
-            record.stalled_crashes += 1
-            if record.stalled_crashes >= self.max_crashes:
+    def on_scheduler_crash(self) -> list[Record]:
+        """A scheduler died: every request in flight to it is a suspect. Returns the
+        poisoned ones (to fail alone); the others wait in quarantine, the suspect
+        on probation first."""
+        in_flight = [r for r in self.live() if r.sent_epoch]
+        alone = len(in_flight) == 1
+        poisoned: list[Record] = []
+        suspects: list[str] = []
+        for record in in_flight:
+            record.crashes += 1
+            record.sent_epoch = 0
+            on_probation = record.rid == self.probation or alone
+            if on_probation and record.crashes >= self.max_crashes:
                 poisoned.append(record)
+            elif record.rid == self.probation:
+                suspects.insert(0, record.rid)
+            else:
+                suspects.append(record.rid)
+        self.probation = None
+        self.quarantine.extendleft(reversed(suspects))
         return poisoned
+
+    def next_on_probation(self) -> Record | None:
+        """The next suspect to readmit, alone, once the one on probation has ended."""
+        probation = self.records.get(self.probation) if self.probation else None
+        if probation is not None and not probation.finished:
+            return None
+        self.probation = None
+        while self.quarantine:
+            record = self.records.get(self.quarantine.popleft())
+            if record is not None and not record.finished:
+                self.probation = record.rid
+                return record
+        return None

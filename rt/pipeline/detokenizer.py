@@ -1,24 +1,49 @@
 """The detokenizer actor: scheduler tokens in, text deltas out to the frontend.
 
-Two inboxes: the scheduler's step frames, and the frontend's stream control
-(open with the prompt tail, close). Tokens for a stream that is not open yet
-wait for its open; a restarted detokenizer is sent an open for every live
-stream, with the output the frontend already holds, and re-reads the step
-frames its predecessor had not committed (duplicates are skipped by offset).
-A step frame is committed once its deltas are in the frontend's ring.
+Two inboxes, the scheduler's step frames and the frontend's stream control
+(open with the prompt tail and the tokens the frontend holds, close), feed
+one handler task in arrival order; it alone changes state and sends, so the
+frontend's ring has one sender. Its first frame, ``DetokenizerUp``, tells the
+frontend that everything after it is this incarnation's: the frontend then
+reopens every live stream, and a successor rebuilds its decode state from
+those opens and re-reads the step frames its predecessor had not committed
+(duplicates are skipped by offset).
+
+**Commit means done.** Tokens that cannot be decoded yet are *parked*: their
+stream is not open here (the frontend opens it once it has the prompt's ids,
+and the scheduler is often faster), or they come from a newer scheduler epoch
+than the stream was opened at (the frontend reopens every stream after a
+scheduler restart), or a frame before them is missing here (a successor
+waiting for its reopen). A step frame is committed only once nothing of it is
+parked: a detokenizer that dies with parked tokens leaves their frames in the
+ring for its successor. For a stream with parked tokens and no open, the
+detokenizer asks the frontend (``StreamDeltas.unknown``), which answers with
+a close if the request has ended, so nothing is parked forever.
+
+Tokens of an older epoch than their stream's are dropped: after a scheduler
+restart only the new incarnation's continuation of what the frontend holds
+counts (no splicing of two runs).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import logging
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from rt.actors import Actor, ActorContext
 from rt.detok.incremental import IncrementalDetokenizer, TextDelta, TokenUpdate
+from rt.errors import RequestFailedError
 from rt.messages import (
     CloseStream,
+    DetokenizerUp,
+    DetokStats,
     OpenStream,
+    Refused,
     SeqDelta,
     SeqTokens,
     StepTokens,
@@ -26,9 +51,40 @@ from rt.messages import (
     stream_key,
 )
 from rt.pipeline.mail import receive, send
+from rt.shm import Frame
+from rt.tok.core import refuse
 from rt.tok.load import load_tokenizer
 
+log = logging.getLogger(__name__)
 STEPS, CONTROL, OUT = "sched-detok", "front-detok", "detok-front"
+IDLE_REPORT_S = 0.05  # report the counts once nothing has arrived for this long
+
+
+@dataclass(eq=False)
+class _StepFrame:
+    """A received step frame and how many of its sequences are still parked."""
+
+    frame: Frame
+    parked: int = 0
+
+
+@dataclass(eq=False)
+class _Parked:
+    """One sequence's tokens from one step frame, on its way to being decoded."""
+
+    seq: SeqTokens
+    epoch: int
+    stepped_at: float
+    source: _StepFrame
+    held: bool = False  # counted in source.parked
+
+
+@dataclass
+class _Stream:
+    rid: str
+    index: int
+    epoch: int
+    parked: list[_Parked] = field(default_factory=list)
 
 
 class DetokenizerActor(Actor):
@@ -38,92 +94,238 @@ class DetokenizerActor(Actor):
     async def startup(self, ctx: ActorContext) -> None:
         tokenizer = load_tokenizer(self.tokenizer_path)
         self.detok = IncrementalDetokenizer(tokenizer)
-        self.waiting: dict[str, list[SeqTokens]] = defaultdict(list)  # tokens before their open
-        self.waiting_since: dict[str, float] = {}  # the first waiting step's time, per stream
-        self.keys: dict[str, tuple[str, int]] = {}  # stream key -> (rid, index)
+        self.streams: dict[str, _Stream] = {}  # open here
+        self.unopened: dict[str, list[_Parked]] = defaultdict(list)  # parked, no open yet
+        self.asked: set[str] = set()  # unopened keys the frontend was asked about
+        self.frames: deque[_StepFrame] = deque()  # received, not committed, in order
 
     async def run(self, ctx: ActorContext) -> None:
+        await send(ctx.outbox[OUT], DetokenizerUp(ctx.incarnation))
+        send_channel, receive_channel = trio.open_memory_channel[tuple[str, Any, Frame]](0)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._control, ctx)
-            await self._steps(ctx)
+            for name in (STEPS, CONTROL):
+                nursery.start_soon(self._receive, ctx, name, send_channel.clone())
+            send_channel.close()
+            await self._handle(ctx, receive_channel)
 
-    async def _control(self, ctx: ActorContext) -> None:
-        inbox = ctx.inbox[CONTROL]
+    async def _receive(
+        self, ctx: ActorContext, name: str, out: trio.MemorySendChannel[tuple[str, Any, Frame]]
+    ) -> None:
+        inbox = ctx.inbox[name]
+        async with out:
+            while True:
+                msg, frame = await receive(inbox)
+                await out.send((name, msg, frame))
+
+    async def _handle(
+        self, ctx: ActorContext, items: trio.MemoryReceiveChannel[tuple[str, Any, Frame]]
+    ) -> None:
+        """The one task that changes state and sends, in arrival order."""
+        dirty = False
         while True:
-            msg, frame = await receive(inbox)
-            deltas: list[SeqDelta] = []
-            stepped_at = 0.0  # unknown: no step behind these deltas
-            if isinstance(msg, OpenStream):
-                self.keys[msg.key] = (msg.rid, msg.index)
-                merged = self.detok.open(
-                    msg.key, msg.prompt_tail.tolist(), msg.detok, msg.prior_ids.tolist()
-                )
-                deltas = [self._opened(msg.key, d) for d in merged]
-                early = self.waiting.pop(msg.key, [])
-                stepped_at = self.waiting_since.pop(msg.key, 0.0)
-                if early:
-                    deltas += self._apply(early)
-            elif isinstance(msg, CloseStream):
-                self.detok.close(msg.key)
-                self.waiting.pop(msg.key, None)
-                self.waiting_since.pop(msg.key, None)
-                self.keys.pop(msg.key, None)
-            if deltas:
-                await send(ctx.outbox[OUT], StreamDeltas(tuple(deltas), stepped_at=stepped_at))
-            inbox.commit(frame)
+            item = None
+            with trio.move_on_after(IDLE_REPORT_S if dirty else math.inf):
+                item = await items.receive()  # only the wait: a send must never be cut short
+            if item is None:  # idle for a while: report what is held
+                await send(ctx.outbox[OUT], StreamDeltas((), detok=self.stats()))
+                dirty = False
+                continue
+            name, msg, frame = item
+            out = self._on_step(msg, frame) if name == STEPS else self._on_control(msg)
+            if out is not None:
+                await send(ctx.outbox[OUT], out)
+            if name == CONTROL:
+                ctx.inbox[CONTROL].commit(frame)
+            self._commit_steps(ctx)  # an open or close may release parked frames too
+            dirty = True
 
-    async def _steps(self, ctx: ActorContext) -> None:
-        inbox = ctx.inbox[STEPS]
-        while True:
-            msg, frame = await receive(inbox)
-            assert isinstance(msg, StepTokens), f"unexpected {type(msg).__name__} on {STEPS}"
-            ready = []
-            for seq in msg.seqs:
-                if stream_key(seq.rid, seq.index) in self.detok:
-                    ready.append(seq)
-                else:
-                    key = stream_key(seq.rid, seq.index)
-                    self.waiting[key].append(seq)
-                    self.waiting_since.setdefault(key, msg.stepped_at)
-            deltas = self._apply(ready)
-            if deltas or msg.refused or msg.stats:
-                await send(
-                    ctx.outbox[OUT],
-                    StreamDeltas(tuple(deltas), msg.refused, msg.stats, msg.stepped_at),
-                )
-            inbox.commit(frame)
+    # ---- step frames --------------------------------------------------------------
 
-    def _opened(self, key: str, delta: TextDelta) -> SeqDelta:
+    def _on_step(self, msg: Any, frame: Frame) -> StreamDeltas | None:
+        if not isinstance(msg, StepTokens):
+            log.error("dropped a %s frame on %s", type(msg).__name__, STEPS)
+            self.frames.append(_StepFrame(frame))
+            return None
+        source = _StepFrame(frame)
+        self.frames.append(source)
+        items = [_Parked(seq, msg.epoch, msg.stepped_at, source) for seq in msg.seqs]
+        deltas, refused = self._apply(self._admit(items))
+        unknown = tuple(sorted(k for k in self.unopened if k not in self.asked))
+        self.asked.update(unknown)
+        if not (deltas or refused or msg.refused or msg.stats or unknown):
+            return None
+        return StreamDeltas(
+            tuple(deltas),
+            (*msg.refused, *refused),
+            msg.stats,
+            msg.stepped_at,
+            unknown,
+            self.stats(),
+        )
+
+    def _admit(self, items: list[_Parked]) -> list[_Parked]:
+        """Those of ``items`` that can be decoded now; the others are parked, or
+        dropped if older than their stream's epoch (the stream was reopened past
+        them after a scheduler restart)."""
+        ready = []
+        for item in items:
+            key = stream_key(item.seq.rid, item.seq.index)
+            stream = self.streams.get(key)
+            if stream is not None and item.epoch < stream.epoch:
+                self._release([item])
+            elif stream is None or item.epoch > stream.epoch or stream.parked:
+                self._park(key, item)
+            else:
+                ready.append(item)
+        return ready
+
+    def _park(self, key: str, item: _Parked) -> None:
+        if not item.held:
+            item.held = True
+            item.source.parked += 1
+        stream = self.streams.get(key)
+        (stream.parked if stream is not None else self.unopened[key]).append(item)
+
+    @staticmethod
+    def _release(items: list[_Parked]) -> None:
+        for item in items:
+            if item.held:
+                item.held = False
+                item.source.parked -= 1
+
+    def _commit_steps(self, ctx: ActorContext) -> None:
+        """Commit the received step frames up to the first that still has parked tokens."""
+        last = None
+        while self.frames and self.frames[0].parked == 0:
+            last = self.frames.popleft().frame
+        if last is not None:
+            ctx.inbox[STEPS].commit(last)
+
+    # ---- stream control ----------------------------------------------------------------
+
+    def _on_control(self, msg: Any) -> StreamDeltas | None:
+        if isinstance(msg, OpenStream):
+            return self._open(msg)
+        if isinstance(msg, CloseStream):
+            self._close(msg.key)
+        else:
+            log.error("dropped a %s frame on %s", type(msg).__name__, CONTROL)
+        return None
+
+    def _open(self, msg: OpenStream) -> StreamDeltas | None:
+        key = msg.key
+        stream = self.streams.get(key)
+        deltas: list[SeqDelta] = []
+        refused: list[Refused] = []
+        try:
+            if stream is not None and msg.epoch > stream.epoch:
+                self.detok.close(key)  # rebuilt below from what the frontend holds
+                stream.epoch = msg.epoch
+            elif stream is None:
+                stream = self.streams[key] = _Stream(msg.rid, msg.index, msg.epoch)
+                stream.parked = self.unopened.pop(key, [])
+                self.asked.discard(key)
+            merged = self.detok.open(
+                key, msg.prompt_tail.tolist(), msg.detok, msg.prior_ids.tolist()
+            )
+            deltas = [self._opened(stream, d) for d in merged]
+        except Exception as err:  # one stream's fault: refuse its request alone
+            refused.append(self._refusal(msg.rid, err))
+            self._close(key)
+            return StreamDeltas((), tuple(refused), detok=self.stats())
+        parked, stream.parked = stream.parked, []
+        ready = self._admit(parked)
+        more, refused = self._apply(ready)
+        deltas += more
+        stepped_at = max((p.stepped_at for p in ready), default=0.0)
+        if not deltas and not refused:
+            return None
+        return StreamDeltas(tuple(deltas), tuple(refused), stepped_at=stepped_at)
+
+    def _close(self, key: str) -> None:
+        self.detok.close(key)
+        stream = self.streams.pop(key, None)
+        self._release(stream.parked if stream is not None else [])
+        self._release(self.unopened.pop(key, []))
+        self.asked.discard(key)
+
+    def stats(self) -> DetokStats:
+        parked = sum(len(s.parked) for s in self.streams.values())
+        parked += sum(len(items) for items in self.unopened.values())
+        return DetokStats(streams=len(self.streams), parked=parked)
+
+    # ---- decoding -----------------------------------------------------------------------
+
+    def _opened(self, stream: _Stream, delta: TextDelta) -> SeqDelta:
         """A delta from merging an open's prior ids: no step record behind it."""
-        rid, index = self.keys[key]
-        src = SeqTokens(rid, index, delta.token_offset, tuple(delta.ids))
-        return _seq_delta(delta, src)
+        src = SeqTokens(stream.rid, stream.index, delta.token_offset, tuple(delta.ids))
+        return _seq_delta(delta, src, stream.epoch)
 
-    def _apply(self, seqs: list[SeqTokens]) -> list[SeqDelta]:
-        """Detokenize a batch. A sequence may appear in it more than once (tokens
-        that waited for their open): each round holds a sequence at most once,
-        so every delta maps back to the step record it came from."""
-        rounds: list[dict[str, SeqTokens]] = []
-        for seq in seqs:
-            key = stream_key(seq.rid, seq.index)
+    def _apply(self, items: list[_Parked]) -> tuple[list[SeqDelta], list[Refused]]:
+        """Detokenize a batch, releasing each item's hold on its frame. A sequence
+        may appear more than once (tokens that were parked): each round holds a
+        sequence at most once, so every delta maps back to its step record. A
+        sequence whose tokens start past what its stream has is parked again (a
+        successor waiting for its reopen); one that makes decoding fail is
+        refused alone."""
+        rounds: list[dict[str, _Parked]] = []
+        for item in items:
+            key = stream_key(item.seq.rid, item.seq.index)
             for round_ in rounds:
                 if key not in round_:
-                    round_[key] = seq
+                    round_[key] = item
                     break
             else:
-                rounds.append({key: seq})
-        out = []
+                rounds.append({key: item})
+        out: list[SeqDelta] = []
+        refused: list[Refused] = []
         for round_ in rounds:
+            for key, item in list(round_.items()):
+                stream = self.streams.get(key)
+                if stream is None:  # closed or refused by an earlier round
+                    del round_[key]
+                    self._release([item])
+                elif stream.parked or item.seq.token_offset > self.detok.output_len(key):
+                    del round_[key]  # a gap: wait for a reopen with what came before
+                    self._park(key, item)
             updates = [
-                TokenUpdate(key, s.token_offset, s.ids, finished=s.finish_reason is not None)
-                for key, s in round_.items()
+                TokenUpdate(
+                    key, p.seq.token_offset, p.seq.ids, finished=p.seq.finish_reason is not None
+                )
+                for key, p in round_.items()
             ]
-            for delta in self.detok.step(updates):
-                out.append(_seq_delta(delta, round_[delta.rid]))
-        return out
+            try:
+                results = self.detok.step(updates)
+            except Exception:
+                results = self._step_apart(updates, refused)
+            for delta in results:
+                item = round_[delta.rid]
+                out.append(_seq_delta(delta, item.seq, self.streams[delta.rid].epoch))
+            self._release(list(round_.values()))
+        return out, refused
+
+    def _step_apart(self, updates: list[TokenUpdate], refused: list[Refused]) -> list[TextDelta]:
+        """A batch that failed: each update alone, refusing the requests whose fail."""
+        results: list[TextDelta] = []
+        for update in updates:
+            try:
+                results += self.detok.step([update])
+            except Exception as err:
+                stream = self.streams[update.rid]
+                refused.append(self._refusal(stream.rid, err))
+                for index_key in [k for k, s in self.streams.items() if s.rid == stream.rid]:
+                    self._close(index_key)
+        return [d for d in results if d.rid in self.streams]
+
+    @staticmethod
+    def _refusal(rid: str, err: Exception) -> Refused:
+        log.exception("request %s: detokenization failed; refusing it alone", rid)
+        return refuse(
+            rid, RequestFailedError(f"request {rid}: detokenization failed: {type(err).__name__}")
+        )
 
 
-def _seq_delta(delta: TextDelta, src: SeqTokens) -> SeqDelta:
+def _seq_delta(delta: TextDelta, src: SeqTokens, epoch: int) -> SeqDelta:
     reason: str | None = src.finish_reason
     matched: int | str | None = src.matched_stop
     if delta.stop_matched is not None:
@@ -143,4 +345,5 @@ def _seq_delta(delta: TextDelta, src: SeqTokens) -> SeqDelta:
         prompt_tokens=src.prompt_tokens,
         cached_tokens=src.cached_tokens,
         seed=src.seed,
+        epoch=epoch,
     )

@@ -1,4 +1,5 @@
-"""The request table merges idempotently and rebuilds what actors lose."""
+"""The request table merges idempotently, keeps one epoch's output, and
+isolates the request that crashes the scheduler."""
 
 from __future__ import annotations
 
@@ -12,14 +13,21 @@ from rt.messages import GenerateRequest, Refused, SeqDelta, Tokenized
 
 
 def delta(rid: str, tok_off: int, ids: list[int], txt_off: int, text: str, **kw) -> SeqDelta:
+    kw.setdefault("epoch", 1)
     return SeqDelta(rid, 0, tok_off, tuple(ids), txt_off, text, **kw)
+
+
+def add(table: RequestTable, rid: str, n: int = 1, tokenized: bool = True) -> None:
+    req = GenerateRequest(rid, text="hi", sampling=SamplingParams(max_new_tokens=8, n=n))
+    table.add(req, f"user-{rid}", epoch=1)
+    if tokenized:
+        assert table.on_tokenized(Tokenized(rid, np.arange(10, 20))) is not None
 
 
 @pytest.fixture
 def table() -> RequestTable:
-    table = RequestTable(max_crashes=2)
-    table.add(GenerateRequest("a", text="hi", sampling=SamplingParams(max_new_tokens=8)))
-    assert table.on_tokenized(Tokenized("a", np.arange(10, 20))) is not None
+    table = RequestTable(max_crashes=3)
+    add(table, "a")
     assert table.on_tokenized(Tokenized("a", np.arange(5))) is None, "a duplicate is no news"
     return table
 
@@ -45,36 +53,84 @@ def test_a_gap_is_a_bug_not_silently_skipped(table) -> None:
         table.on_delta(delta("a", 3, [9], 0, ""))
 
 
-def test_rids_are_unique(table) -> None:
+def test_a_callers_rid_is_refused_in_flight_and_free_again_once_it_left(table) -> None:
     with pytest.raises(InvalidRequestError, match="already in flight"):
-        table.add(GenerateRequest("a", text="again"))
+        table.add(GenerateRequest("a2", text="again"), "user-a", epoch=1)
+    table.remove("a")
+    table.add(GenerateRequest("a2", text="again"), "user-a", epoch=1)
+    assert table.records["a2"].user_rid == "user-a"
 
 
-def test_a_resubmission_carries_the_output_and_the_drawn_seed(table) -> None:
-    table.on_delta(delta("a", 0, [1, 2, 3], 0, "abc", seed=1234))
-    table.add(GenerateRequest("untokenized", text="still at the tokenizer"))
-    assert table.resubmission(table.records["untokenized"]) is None
-    sub = table.resubmission(table.records["a"])
-    assert sub is not None
-    assert sub.rid == "a" and sub.input_ids.tolist() == list(range(10, 20))
-    assert [o.tolist() for o in sub.output_ids] == [[1, 2, 3]]
-    assert sub.sampling.seed == 1234
-    assert sub.sampling.max_new_tokens == 5, "the budget left, not the original one"
-
-
-def test_reopened_streams_hold_the_prompt_tail_and_prior_output(table) -> None:
+def test_after_a_new_epoch_only_its_tokens_count(table) -> None:
     table.on_delta(delta("a", 0, [1, 2], 0, "ab"))
+    table.new_epoch(2)  # the scheduler restarted; "a" resumes from its 2 tokens
+    assert table.records["a"].seqs[0].resumed_from == [2]
+    # the dead scheduler's tokens past the resume point, still on their way: dropped
+    assert table.on_delta(delta("a", 2, [3], 2, "c", epoch=1)) is None
+    kept = table.on_delta(delta("a", 2, [7], 2, "g", epoch=2))
+    assert kept is not None and kept.ids == [7]
+    assert table.records["a"].seqs[0].output_ids == [1, 2, 7]
+
+
+def test_a_resubmission_carries_each_sequence_and_the_original_budget() -> None:
+    table = RequestTable()
+    add(table, "m", n=3)
+    table.on_delta(SeqDelta("m", 0, 0, (1, 2, 3), 0, "abc", epoch=1))
+    table.on_delta(SeqDelta("m", 2, 0, (4,), 0, "d", finish_reason="stop", epoch=1))
+    add(table, "untokenized", tokenized=False)
+    assert table.resubmission(table.records["untokenized"]) is None
+    sub = table.resubmission(table.records["m"])
+    assert sub is not None and sub.rid == "m" and sub.input_ids.tolist() == list(range(10, 20))
+    assert [o.tolist() for o in sub.output_ids] == [[1, 2, 3], [], [4]]
+    assert sub.finished == (2,)
+    assert sub.sampling.max_new_tokens == 8, "the original budget: priors count against it"
+
+
+def test_reopened_streams_hold_the_prompt_tail_prior_output_and_epoch(table) -> None:
+    table.on_delta(delta("a", 0, [1, 2], 0, "ab"))
+    table.new_epoch(3)
     (stream,) = table.open_streams(table.records["a"])
-    assert stream.key == "a" and stream.prompt_tail.tolist() == [15, 16, 17, 18, 19]
-    assert stream.prior_ids.tolist() == [1, 2]
+    assert stream.key == "a/0" and stream.prompt_tail.tolist() == [15, 16, 17, 18, 19]
+    assert stream.prior_ids.tolist() == [1, 2] and stream.epoch == 3
 
 
-def test_a_request_stalled_across_crashes_is_poisoned_progress_resets_it(table) -> None:
-    table.add(GenerateRequest("b", text="x"))
-    table.on_tokenized(Tokenized("b", np.arange(3)))
-    assert table.note_scheduler_crash() == []
-    table.on_delta(delta("a", 0, [1], 0, "a"))  # a progresses, b does not
-    assert [r.rid for r in table.note_scheduler_crash()] == ["b"]
+def test_suspects_are_readmitted_one_at_a_time_and_only_the_culprit_fails(table) -> None:
+    for rid in "bcde":
+        add(table, rid)
+    # crash 1: five requests in flight, nobody can be blamed
+    assert table.on_scheduler_crash() == []
+    assert all(r.sent_epoch == 0 for r in table.live())
+    culprit = "c"
+    crashes = 1
+    while True:
+        record = table.next_on_probation()
+        assert record is not None
+        assert table.next_on_probation() is None, "one suspect at a time"
+        record.sent_epoch = 1 + crashes
+        if record.rid != culprit:  # an innocent runs to its end
+            table.on_delta(delta(record.rid, 0, [1], 0, "x", finish_reason="length"))
+            continue
+        crashes += 1
+        poisoned = table.on_scheduler_crash()
+        if poisoned:
+            break
+    assert [r.rid for r in poisoned] == [culprit] and crashes == 3
+    for rid in "abde":  # the innocents ahead of it finished; the rest follow
+        record = table.records[rid]
+        if not record.finished:
+            assert table.next_on_probation() is record
+            table.on_delta(delta(rid, 0, [1], 0, "x", finish_reason="length"))
+    assert all(table.records[rid].finished for rid in "abde")
+    assert table.next_on_probation() is None and not table.quarantine
+
+
+def test_a_request_alone_in_flight_is_blamed_at_once() -> None:
+    table = RequestTable(max_crashes=2)
+    add(table, "only")
+    assert table.on_scheduler_crash() == []
+    assert table.next_on_probation() is table.records["only"]
+    table.records["only"].sent_epoch = 2
+    assert [r.rid for r in table.on_scheduler_crash()] == ["only"]
 
 
 def test_a_refusal_finishes_the_request(table) -> None:

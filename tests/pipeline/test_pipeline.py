@@ -15,7 +15,7 @@ import trio
 
 import rt
 import rt.actors
-from rt.errors import InvalidRequestError, RequestFailedError
+from rt.errors import InvalidRequestError
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
 from rt.messages import GenerateRequest
 from rt.tok.load import load_tokenizer
@@ -246,32 +246,6 @@ async def test_a_fault_plan_kill_mid_stream_loses_nothing(
     assert got == want
 
 
-@pytest.mark.slow
-async def test_a_poison_request_fails_alone(tiny_model, tmp_path: Path) -> None:
-    plan = tmp_path / "plan.json"
-    plan.write_text(
-        '{"seed": 1, "faults": [{"actor": "tokenizer0", "point": "tokenize", '
-        '"action": "sigkill", "match": "POISON", "times": 0}]}'
-    )
-    async with rt.open_engine(str(tiny_model), fault_plan=str(plan), **OPTIONS) as engine:
-        results: dict[str, Any] = {}
-
-        async def one(name: str, prompt: str) -> None:
-            try:
-                results[name] = await engine.generate(prompt, max_new_tokens=8, temperature=0.0)
-            except RequestFailedError as err:
-                results[name] = err
-
-        async with trio.open_nursery() as nursery:  # the poison mid-batch: the hard case
-            for i in range(6):
-                nursery.start_soon(one, f"ok{i}", PROMPTS[i])
-                if i == 2:
-                    nursery.start_soon(one, "poison", "a POISON prompt")
-        assert isinstance(results.pop("poison"), RequestFailedError)
-        assert all(r.meta.completion_tokens == 8 for r in results.values())
-        assert next(a for a in engine.actors() if a.name == "tokenizer0").restart_count == 3
-
-
 async def test_cancelling_a_hundred_requests_frees_every_kv_slot(tiny_model) -> None:
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
         started = 0
@@ -320,22 +294,44 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 async def test_shutdown_with_requests_in_flight_is_clean(tiny_model) -> None:
-    got_chunk = trio.Event()
-    with trio.move_on_after(60):
-        async with (
-            rt.open_engine(str(tiny_model), **OPTIONS) as engine,
-            trio.open_nursery() as nursery,
-        ):
+    """Leaving ``open_engine`` with 16 streams in flight: each caller is cancelled
+    (no hang, no stray error), every actor process is gone and every segment
+    unlinked (the suite's leak fixture checks fds and orphans as well)."""
+    started, cancelled = trio.Event(), []
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        pids = [a.pid for a in engine.actors()]
+        prefix = engine.supervisor.prefix
+        async with trio.open_nursery() as nursery:
 
             async def one(i: int) -> None:
-                async for _ in engine.stream(PROMPTS[i % 8], max_new_tokens=400, ignore_eos=True):
-                    got_chunk.set()
+                try:
+                    async for _ in engine.stream(
+                        PROMPTS[i % 8], max_new_tokens=400, ignore_eos=True
+                    ):
+                        started.set()
+                except trio.Cancelled:
+                    cancelled.append(i)
+                    raise
 
             for i in range(16):
                 nursery.start_soon(one, i)
-            await got_chunk.wait()
+            with trio.fail_after(60):
+                await started.wait()
             nursery.cancel_scope.cancel()
-    # the suite's leak fixture asserts: no child process, segment or fd is left
+    assert sorted(cancelled) == list(range(16))
+    assert all(
+        state is rt.actors.ActorState.STOPPED for state in (a.state for a in engine.actors())
+    )
+    assert None not in pids and not [pid for pid in pids if _running(pid)]
+    assert not [s for s in os.listdir("/dev/shm") if s.startswith(prefix)]
+
+
+def _running(pid: int | None) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 async def test_two_tokenizer_workers_n_samples_logprobs_and_stop_tokens(tiny_model) -> None:

@@ -1,0 +1,93 @@
+"""SIGTERM and SIGINT to a process serving from ``rt.open_engine``: requests in
+flight finish (within ``drain_timeout``), then everything stops and is unlinked.
+Before, SIGTERM killed the process at once and left 8 segments behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+SCRIPT = r"""
+import sys, trio, rt
+from rt.actors.faultplan import FaultPlan
+
+slow = FaultPlan.from_dict(
+    {"seed": 1, "faults": [{"actor": "scheduler", "point": "step", "action": "delay",
+                            "delay_ms": 10, "times": 0}]}
+)
+
+async def main():
+    async with rt.open_engine(
+        load_format="null", drain_timeout=float(sys.argv[1]), fault_plan=slow
+    ) as engine:
+        await engine.generate("warm", max_new_tokens=2)
+        async with trio.open_nursery() as nursery:
+            async def long():
+                out = await engine.generate("busy", max_new_tokens=300, ignore_eos=True)
+                print("FINISHED", len(out.output_ids), flush=True)
+            nursery.start_soon(long)
+            await trio.sleep(0.3)
+            print("READY", flush=True)
+    print("STOPPED BY", engine.stopped_by, flush=True)
+
+trio.run(main)
+"""
+
+
+def children_of(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(entry))
+            except (OSError, ValueError):
+                continue
+    return kids
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "drain", "finished"),
+    [(signal.SIGTERM, 60.0, True), (signal.SIGINT, 60.0, True), (signal.SIGTERM, 0.0, False)],
+    ids=["sigterm-drains", "sigint-drains", "sigterm-no-grace"],
+)
+def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished: bool) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(drain)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY"
+        actors = children_of(proc.pid)
+        assert len(actors) == 3
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert ("FINISHED 300" in out) is finished, out
+    assert f"STOPPED BY {signal.Signals(sig).name}" in out
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in actors) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in actors if alive(pid)]
+    assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{proc.pid}_")]
