@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import trio
 
@@ -20,6 +21,20 @@ class Idle(Actor):
         while True:
             await ctx.tick()
             await trio.sleep(self.period)
+
+
+class GatedStartup(Idle):
+    """An :class:`Idle` whose start-up in incarnation ``held`` lasts until the file
+    ``gate`` exists: a start-up as slow as the test needs, whatever the machine's load."""
+
+    def __init__(self, gate: str, held: int) -> None:
+        super().__init__()
+        self.gate, self.held = Path(gate), held
+
+    async def startup(self, ctx: ActorContext) -> None:
+        if ctx.incarnation == self.held:
+            while not self.gate.exists():
+                await trio.sleep(0.01)
 
 
 class ExitAfter(Actor):

@@ -5,26 +5,21 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import trio
-from sample_actors import DiesWithRequests, Idle
+from sample_actors import DiesWithRequests, GatedStartup, Idle
 from supervision_lib import TIMEOUT, is_running, quick_spec, wait_until
 
 from rt.actors import (
     ActorSpec,
     ActorState,
-    FaultPlan,
     Strategy,
     Supervisor,
     open_supervisor,
 )
 from rt.errors import EscalationError
-
-
-def _slow_startup(actor: str, incarnation: int, seconds: float) -> FaultPlan:
-    rule = {"actor": actor, "point": "startup", "action": "delay", "delay_ms": seconds * 1000}
-    return FaultPlan.from_dict({"faults": [{**rule, "incarnation": incarnation}]})
 
 
 @pytest.mark.parametrize("sigkill", [False, True], ids=["exit", "sigkill"])
@@ -69,33 +64,48 @@ async def test_crashes_without_requests_in_hand_still_escalate(flagged_until: in
     assert tok.last_exit_reason == "killed by SIGKILL"
 
 
-async def test_a_slow_start_up_does_not_hold_up_another_childs_restart() -> None:
-    startup_s = 4.0
-    spec = quick_spec(ActorSpec("slow", Idle), ActorSpec("quick", Idle))
-    async with open_supervisor(spec, fault_plan=_slow_startup("slow", 2, startup_s)) as sup:
+async def test_a_slow_start_up_does_not_hold_up_another_childs_restart(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"  # "slow"'s second start-up lasts until the test creates it
+    spec = quick_spec(
+        ActorSpec("slow", GatedStartup, kwargs={"gate": str(gate), "held": 2}),
+        ActorSpec("quick", Idle),
+    )
+    async with open_supervisor(spec) as sup:
         first = sup.status()
         os.kill(first.actor("slow").pid, signal.SIGKILL)  # type: ignore[arg-type]
-        await wait_until(sup, lambda s: s.actor("slow").incarnation == 2)  # starting: 4 s
+        await wait_until(sup, lambda s: s.actor("slow").incarnation == 2)  # starting, held
         os.kill(first.actor("quick").pid, signal.SIGKILL)  # type: ignore[arg-type]
+        # Back while "slow" is still held in its start-up (restarts one at a time:
+        # never, and this wait times out).
         status = await wait_until(sup, is_running("quick", 2))
-        # back while "slow" is still in its 4 s start-up (restarts one at a time: after it)
         assert status.actor("slow").state is ActorState.STARTING
+        gate.touch()
         status = await wait_until(sup, is_running("slow", 2))
         assert status.actor("quick").incarnation == 2 and status.healthy
 
 
 @pytest.mark.parametrize("strategy", [Strategy.ONE_FOR_ALL, Strategy.REST_FOR_ONE])
 async def test_a_failure_during_a_group_restart_restarts_the_group_again_in_order(
-    strategy: Strategy,
+    strategy: Strategy, tmp_path: Path
 ) -> None:
-    spec = quick_spec(*(ActorSpec(n, Idle) for n in "abc"), strategy=strategy, max_restarts=10)
-    async with open_supervisor(spec, fault_plan=_slow_startup("b", 2, 2.0)) as sup:
+    gate = tmp_path / "gate"  # "b"'s second start-up lasts until the test creates it
+    spec = quick_spec(
+        ActorSpec("a", Idle),
+        ActorSpec("b", GatedStartup, kwargs={"gate": str(gate), "held": 2}),
+        ActorSpec("c", Idle),
+        strategy=strategy,
+        max_restarts=10,
+    )
+    async with open_supervisor(spec) as sup:
         os.kill(sup.status().actor("a").pid, signal.SIGKILL)  # type: ignore[arg-type]
-        # the group restart has started "a" again and is starting "b" (for 2 s)
+        # the group restart has started "a" again and is starting "b" (held)
         during = await wait_until(sup, lambda s: s.actor("b").incarnation == 2)
         assert during.actor("a").state is ActorState.RUNNING
         assert during.actor("c").state is ActorState.RESTARTING
         os.kill(during.actor("a").pid, signal.SIGKILL)  # type: ignore[arg-type]
+        # the supervisor has booked that exit while "b" is still held: now let it start
+        await wait_until(sup, lambda s: s.actor("a").state is ActorState.RESTARTING)
+        gate.touch()
         status = await wait_until(sup, lambda s: all(is_running(n, 3)(s) for n in "abc"))
         a, b, c = (status.actor(n) for n in "abc")
         # each started once per group restart, never twice at once; in start order

@@ -4,6 +4,7 @@ shutdown, the watchdog, and the status snapshot."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -136,9 +137,7 @@ async def test_shutdown_stops_in_reverse_order_and_kills_a_child_ignoring_sigter
     )
     async with open_supervisor(spec) as sup:
         pids = {a.name: a.pid for a in sup.status().actors}
-        start = trio.current_time()
-    elapsed = trio.current_time() - start
-    assert 0.5 <= elapsed < 0.5 + 3
+        stop_began = time.monotonic()
     status = sup.status()
     assert all(a.state is ActorState.STOPPED and a.pid is None for a in status.actors)
     polite, stubborn = status.actor("polite"), status.actor("stubborn")
@@ -146,6 +145,10 @@ async def test_shutdown_stops_in_reverse_order_and_kills_a_child_ignoring_sigter
         "stopped by the supervisor (killed by SIGKILL, SIGKILL after 0.5 s grace)"
     )
     assert polite.last_exit_reason == "stopped by the supervisor (exit code 0)"
+    # SIGKILLed once the grace was out, and soon after. Timed to "stubborn"'s exit,
+    # not to the end of the shutdown, which includes "polite"'s interpreter exiting
+    # (slow on 2 shared cores); the margin allows for late wake-ups there too.
+    assert 0.5 <= stubborn.last_exit_at - stop_began < 0.5 + 4  # type: ignore[operator]
     # reverse start order: "polite" was asked to stop only once "stubborn" was gone
     assert polite.last_exit_at > stubborn.last_exit_at  # type: ignore[operator]
     for pid in pids.values():
@@ -153,9 +156,15 @@ async def test_shutdown_stops_in_reverse_order_and_kills_a_child_ignoring_sigter
 
 
 async def test_a_polite_child_stops_well_within_the_grace_period() -> None:
-    async with open_supervisor(quick_spec(ActorSpec("polite", Idle), shutdown_grace=5.0)):
+    # A grace far longer than a polite child takes to exit, even on 2 shared cores
+    # (usually 0.1 s), so that a shutdown that waited the grace out stands apart.
+    grace = 30.0
+    spec = quick_spec(ActorSpec("polite", Idle), shutdown_grace=grace)
+    async with open_supervisor(spec) as sup:
         start = trio.current_time()
-    assert trio.current_time() - start < 2.0
+    assert trio.current_time() - start < grace / 3
+    # SIGTERM did it (stopped this soon after ready, it may die of the signal itself)
+    assert "SIGKILL" not in (sup.status().actor("polite").last_exit_reason or "")
 
 
 async def test_a_hung_child_is_killed_and_restarted_by_the_watchdog() -> None:
@@ -184,14 +193,18 @@ async def test_a_hung_child_is_killed_and_restarted_by_the_watchdog() -> None:
     timeout = 1.0
     spec = quick_spec(ActorSpec("spin", Idle), ActorSpec("nap", Idle), watchdog_timeout=timeout)
     async with open_supervisor(spec, fault_plan=plan) as sup:
-        first = sup.status()
         again = await wait_until(
             sup, lambda s: is_running("spin", 2)(s) and is_running("nap", 2)(s)
         )
         for name in ("spin", "nap"):
-            hang_began = first.actor(name).ready_at + 3 * 0.05  # type: ignore[operator]
-            assert again.actor(name).ready_at - hang_began < timeout + 1.0  # type: ignore[operator]
-            assert again.actor(name).last_exit_reason.startswith("watchdog: no heartbeat for")  # type: ignore[union-attr]
+            reason = again.actor(name).last_exit_reason or ""
+            found = re.match(r"watchdog: no heartbeat for (\d+\.\d+) s", reason)
+            assert found, reason
+            # Killed once the heartbeat was `timeout` old, and not much later: its
+            # age when the watchdog saw it, so no restart time is counted. Generous
+            # (the supervisor's poll may wake late on 2 shared cores), yet well
+            # under the 10 s default timeout.
+            assert timeout <= float(found[1]) < timeout + 4
         # the restarted incarnations run: their heartbeats stay fresh
         await trio.sleep(timeout * 1.5)
         status = sup.status()
@@ -263,7 +276,10 @@ async def test_detection_is_immediate() -> None:
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
         status = await wait_until(sup, lambda s: s.actor("a").last_exit_at is not None)
-        assert status.actor("a").last_exit_at - killed_at < 0.5  # type: ignore[operator]
+        # Usually a few ms. The margin allows for the dying child and this process to
+        # wait for a core on a loaded machine; an exit missed by the pidfd would be
+        # found by the watchdog only, after its 10 s.
+        assert status.actor("a").last_exit_at - killed_at < 2.0  # type: ignore[operator]
 
 
 async def test_a_crash_inside_a_nursery_is_named_by_its_innermost_exception() -> None:

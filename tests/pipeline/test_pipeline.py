@@ -275,7 +275,13 @@ async def test_an_idle_engine_uses_next_to_no_cpu(tiny_model) -> None:
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
         await engine.generate("warm up", max_new_tokens=2)
         pids = [a.pid for a in engine.actors() if a.pid is not None]
-        await trio.sleep(0.5)
+        # Idle: the warm-up's tail is done (not a fixed settling time, which a loaded
+        # machine may overrun, counting that tail as idle use).
+        with trio.fail_after(60):
+            await engine.scheduler_stats(
+                lambda s: s.steps > 0 and s.running == 0 and s.waiting == 0 and s.requests == 0
+            )
+            await engine.detokenizer_stats(lambda s: s.streams == 0 and s.parked == 0)
         before = cpu_seconds([os.getpid(), *pids])
         start = time.monotonic()
         await trio.sleep(2)
