@@ -154,3 +154,14 @@ def test_logprobs_are_of_the_raw_distribution() -> None:
 def test_validation_says_what_was_expected(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidRequestError, match=message):
         SamplingParams(**kwargs).validate(vocab_size=100)  # type: ignore[arg-type]
+
+
+def test_a_vanishing_temperature_is_greedy_and_ints_are_numbers() -> None:
+    """Dividing by 5e-324 (0 in float32) used to give inf logits and a wrong token;
+    an all-int batch of parameters used to build integer tensors."""
+    logits = torch.tensor([[0.5, 0.1, 4.0, 3.9]]).repeat(8, 1)
+    tiny = [row(SamplingParams(temperature=5e-324), seed=s) for s in range(4)]
+    ints = [row(SamplingParams(temperature=1, top_p=1, min_p=0), seed=s) for s in range(4)]
+    out = sample(logits, tiny + ints).token_ids
+    assert out[:4] == [2, 2, 2, 2]
+    assert set(out[4:]) <= {0, 1, 2, 3}
