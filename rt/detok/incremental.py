@@ -129,7 +129,12 @@ class IncrementalDetokenizer:
             first = state.n_output
             state.ids.extend(new)
             touched.append((update, state, new, first))
-        texts = self._decode_pairs([s for _, s, _, _ in touched])
+        try:
+            texts = self._decode_pairs([s for _, s, _, _ in touched])
+        except Exception:  # undo the batch, so that each update can be retried alone
+            for _, state, new, _ in reversed(touched):
+                del state.ids[len(state.ids) - len(new) :]
+            raise
         deltas = []
         for (update, state, new, first), (prefix_text, full_text) in zip(
             touched, texts, strict=True

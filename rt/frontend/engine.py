@@ -4,10 +4,11 @@ The frontend lives in the caller's trio loop. It owns the request table (the
 source of truth), sends each request to a tokenizer worker, routes what comes
 back to the waiting caller, and recovers what a restarted actor lost:
 
-* scheduler restarted (a new epoch): every request in flight is a suspect;
-  suspects are readmitted one at a time as prompt + tokens so far, and one
-  that keeps crashing the scheduler alone fails as poison (rt/frontend/table.py);
-  every live stream is reopened at the new epoch with the output the table holds;
+* scheduler restarted (a new epoch): every request in flight is resubmitted as
+  prompt + tokens so far; after a repeat crash the suspects are isolated by
+  halving while new requests wait, and one that crashes the scheduler alone
+  fails as poison (rt/frontend/table.py); every live stream is reopened at the
+  new epoch with the output the table holds;
 * detokenizer restarted: its first frame (``DetokenizerUp``) follows whatever
   its predecessor sent, so the one task that reads that ring handles those
   frames first and then reopens every live stream (one ordered path);
@@ -129,6 +130,7 @@ class Engine:
         self._epoch = supervisor.status().actor(SCHEDULER).incarnation
         self._stats: Latest[SchedulerStats] = Latest()
         self._detok_stats: Latest[DetokStats] = Latest()
+        self._quarantine_changed = trio.Event()
         self.stopped_by: str | None = None  # the signal that stopped the engine, if one did
 
     # ---- the public API -------------------------------------------------------
@@ -187,6 +189,8 @@ class Engine:
         if self._closing:
             raise errors.EngineShutdownError("the engine is shutting down; no new requests")
         await self._wait_healthy()
+        while self.table.isolating:  # suspects of a crash are being told apart
+            await self._quarantine_changed.wait()
         self.table.add(req, user_rid, self._epoch)
         send, receive = trio.open_memory_channel[Update | Refused](math.inf)
         self._waiters[req.rid] = send
@@ -219,8 +223,7 @@ class Engine:
         record = self.table.remove(rid)
         self._waiters.pop(rid, None)
         if record is not None and not record.finished and not self._closing:
-            if record.sent_epoch:  # else it waits in quarantine: the scheduler has nothing
-                self._queue(self._to_sched, Abort(rid))
+            self._queue(self._to_sched, Abort(rid))
             self._close_streams(record)
         self._readmit()
 
@@ -257,8 +260,10 @@ class Engine:
                 if record is None:
                     continue
                 self._open_streams(record)
-                if record.rid == self.table.probation:
-                    # A suspect readmitted before its ids were known: send it now.
+                if record.sent_epoch != self._epoch and not record.held:
+                    # The scheduler restarted after it may have taken this request in but
+                    # before these ids reached the table, so the restart could not
+                    # resubmit it: do it now (a duplicate is recognised by rid).
                     self._resubmit(record)
             elif isinstance(msg, Refused):
                 self._fail(msg)
@@ -290,9 +295,12 @@ class Engine:
                 self._finish(record)
         for refused in msg.refused:
             self._fail(refused)
-        for key in msg.unknown:  # parked tokens with no open: tell the detokenizer to drop them
-            owner = self.table.records.get(key.rpartition("/")[0])
-            if owner is None or owner.finished:
+        for key in msg.unknown:  # parked tokens with no open: drop them if their end came
+            rid, _, index = key.rpartition("/")
+            owner = self.table.records.get(rid)
+            if owner is None:  # gone: nothing may run for it either
+                self._queue(self._to_sched, Abort(rid))
+            if owner is None or owner.finished or owner.seqs[int(index)].finish_reason:
                 self._queue(self._to_detok, CloseStream(key))
         if msg.stats is not None:
             self._stats.set(msg.stats)
@@ -307,7 +315,13 @@ class Engine:
             except (errors.Broken, errors.EndOfChannel):  # the sender is restarting
                 await trio.sleep(RETRY_S)
                 continue
-            yield codec.loads(data)
+            try:
+                msg = codec.loads(data)
+            except Exception as err:  # corruption: drop it, never stop the engine on it
+                log.error("%s: dropped a frame that does not decode: %r", rx.spec.name, err)
+                rx.commit()
+                continue
+            yield msg
             rx.commit()
 
     def _queue(self, out: _Out, msg: Any) -> None:
@@ -343,6 +357,10 @@ class Engine:
             self.table.new_epoch(self._epoch)
             for record in self.table.live():
                 self._open_streams(record)
+                if record.held:
+                    self._queue(self._to_sched, Abort(record.rid))  # its frames, if any, drop
+                else:
+                    self._resubmit(record)
             self._readmit()
 
     def _open_streams(self, record: Record) -> None:
@@ -351,10 +369,11 @@ class Engine:
                 self._queue(self._to_detok, op)
 
     def _readmit(self) -> None:
-        """Send the next suspect in quarantine, once the one on probation has ended."""
-        record = self.table.next_on_probation()
-        if record is not None:
+        """Readmit the next group held back, once nothing else is in flight."""
+        for record in self.table.next_group():
             self._resubmit(record)
+        self._quarantine_changed.set()
+        self._quarantine_changed = trio.Event()
 
     def _resubmit(self, record: Record) -> None:
         sub = self.table.resubmission(record)
@@ -366,23 +385,31 @@ class Engine:
 
     async def stop_on_signal(self, cancel_scope: trio.CancelScope) -> None:
         """SIGTERM or SIGINT: refuse new requests, let those in flight finish for
-        at most ``drain_timeout``, then end the ``async with`` body (cancelled)."""
+        at most ``drain_timeout``, then end the ``async with`` body (cancelled).
+        A second signal ends it at once."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 self.stopped_by = signal.Signals(signum).name
                 self._closing = True
-                live = len(self.table.live())
                 log.warning(
                     "%s: draining %d request(s) for at most %g s",
                     self.stopped_by,
-                    live,
+                    len(self.table.live()),
                     self.options.drain_timeout,
                 )
-                with trio.move_on_after(self.options.drain_timeout):
-                    while self.table.live():
-                        await trio.sleep(0.05)
-                cancel_scope.cancel()
-                return
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._drained, nursery.cancel_scope)
+                    async for again in signals:
+                        log.warning("%s again: stopping now", signal.Signals(again).name)
+                        nursery.cancel_scope.cancel()
+                break
+        cancel_scope.cancel()
+
+    async def _drained(self, done: trio.CancelScope) -> None:
+        with trio.move_on_after(self.options.drain_timeout):
+            while self.table.live():
+                await trio.sleep(0.05)
+        done.cancel()
 
     def close(self) -> None:
         self._closing = True

@@ -11,13 +11,15 @@ streams were last opened at; a delta of an older epoch is dropped, so what a
 record holds is always one run's output conditioned on its own prefix, even
 when a re-prefill after a restart computes different logits (bfloat16).
 
-**Quarantine.** A scheduler crash cannot be attributed to one request: every
-request in flight at the crash becomes a suspect and waits in quarantine;
-suspects are readmitted one at a time (each runs to its end before the next
-goes in), so a repeat crash names its culprit. A request is refused as
-poison once it has been in flight for ``max_crashes`` crashes and the last of
-them happened while it was the suspect on probation (or alone in flight);
-innocents finish with their normal output.
+**Quarantine.** A scheduler crash cannot be attributed to one request.
+After a first crash every request in flight is resubmitted together (most
+crashes are transient: a kill, the OOM killer). When requests crash it again,
+the suspects are isolated by halving: one half is held back (the scheduler is
+told to drop their frames), the other readmitted, and new requests wait
+until the isolation is over, so the next crash narrows the suspects. A
+request is refused as poison only when it was alone in the scheduler at a
+crash, having been in flight for ``max_crashes`` of them; innocents finish
+with their normal output.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ class Record:
     finished_at: float | None = None
     error: Refused | None = None
     epoch: int = 0  # the scheduler epoch its streams were last opened at
-    sent_epoch: int = 0  # the scheduler epoch it was last handed to (0: held in quarantine)
+    sent_epoch: int = 0  # the scheduler epoch it was last handed to
     crashes: int = 0  # scheduler crashes it was in flight for
+    held: bool = False  # held back in quarantine: not in the scheduler
 
     @property
     def rid(self) -> str:
@@ -97,8 +100,7 @@ class RequestTable:
         self.records: dict[str, Record] = {}
         self.by_user_rid: dict[str, str] = {}
         self.max_crashes = max_crashes
-        self.quarantine: deque[str] = deque()  # suspects waiting to be readmitted, in order
-        self.probation: str | None = None  # the suspect readmitted alone, if any
+        self.held: deque[list[str]] = deque()  # groups of suspects held back, next first
 
     def add(self, req: GenerateRequest, user_rid: str, epoch: int) -> Record:
         """A new request, sent to scheduler ``epoch``. A caller's rid may be used
@@ -120,8 +122,6 @@ class RequestTable:
         record = self.records.pop(rid, None)
         if record is not None:
             self.by_user_rid.pop(record.user_rid, None)
-            if rid in self.quarantine:
-                self.quarantine.remove(rid)
         return record
 
     def live(self) -> list[Record]:
@@ -226,36 +226,39 @@ class RequestTable:
         ]
 
     def on_scheduler_crash(self) -> list[Record]:
-        """A scheduler died: every request in flight to it is a suspect. Returns the
-        poisoned ones (to fail alone); the others wait in quarantine, the suspect
-        on probation first."""
-        in_flight = [r for r in self.live() if r.sent_epoch]
-        alone = len(in_flight) == 1
-        poisoned: list[Record] = []
-        suspects: list[str] = []
+        """A scheduler died with the requests not held back in flight. Returns the
+        poisoned ones (to fail alone); the others stay in flight (a first crash)
+        or are split in two halves, the second held back (a repeat crash)."""
+        in_flight = [r for r in self.live() if not r.held]
         for record in in_flight:
             record.crashes += 1
-            record.sent_epoch = 0
-            on_probation = record.rid == self.probation or alone
-            if on_probation and record.crashes >= self.max_crashes:
-                poisoned.append(record)
-            elif record.rid == self.probation:
-                suspects.insert(0, record.rid)
-            else:
-                suspects.append(record.rid)
-        self.probation = None
-        self.quarantine.extendleft(reversed(suspects))
-        return poisoned
+        if len(in_flight) == 1 and in_flight[0].crashes >= self.max_crashes:
+            return in_flight  # alone in the scheduler: it is the culprit
+        if len(in_flight) > 1 and any(r.crashes > 1 for r in in_flight):
+            # Held records are aborted at the scheduler: only those whose ids are known
+            # (their Scheduled reached a scheduler), so none runs unwatched.
+            known = [r for r in in_flight if r.input_ids is not None]
+            hold = known[len(known) - min(len(in_flight) // 2, len(known)) :]
+            for record in hold:
+                record.held = True
+            if hold:
+                self.held.appendleft([r.rid for r in hold])
+        return []
 
-    def next_on_probation(self) -> Record | None:
-        """The next suspect to readmit, alone, once the one on probation has ended."""
-        probation = self.records.get(self.probation) if self.probation else None
-        if probation is not None and not probation.finished:
-            return None
-        self.probation = None
-        while self.quarantine:
-            record = self.records.get(self.quarantine.popleft())
-            if record is not None and not record.finished:
-                self.probation = record.rid
-                return record
-        return None
+    @property
+    def isolating(self) -> bool:
+        """Suspects are being isolated: new requests wait, so as not to mix in."""
+        return bool(self.held) or any(r.crashes > 1 for r in self.live() if not r.held)
+
+    def next_group(self) -> list[Record]:
+        """Once nothing is in flight, the next group held back, to readmit together."""
+        if any(not r.held for r in self.live()):
+            return []
+        while self.held:
+            group = [self.records.get(rid) for rid in self.held.popleft()]
+            live = [r for r in group if r is not None and not r.finished]
+            if live:
+                for record in live:
+                    record.held = False
+                return live
+        return []

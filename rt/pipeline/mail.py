@@ -8,6 +8,8 @@ out instead of failing, so one death never cascades.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -16,15 +18,30 @@ from rt.actors.mailbox import Inbox, Outbox
 from rt.errors import Broken, EndOfChannel
 from rt.shm import Frame, codec
 
+log = logging.getLogger(__name__)
 RETRY_S = 0.02  # how often to look again while a peer restarts
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A frame that did not decode (corruption): the actor logs it and commits it
+    in its turn, never crashing on it again and again."""
+
+    error: str
 
 
 async def receive(inbox: Inbox) -> tuple[Any, Frame]:
     while True:
         try:
-            return await inbox.receive_obj()
+            frame = await inbox.receive()
         except (Broken, EndOfChannel):
             await trio.sleep(RETRY_S)
+            continue
+        try:
+            return codec.loads(frame.data), frame
+        except Exception as err:
+            log.error("%s: a frame at offset %d does not decode: %r", inbox.name, frame.offset, err)
+            return Unreadable(repr(err)), frame
 
 
 async def send(outbox: Outbox, obj: Any) -> None:

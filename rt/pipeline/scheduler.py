@@ -57,6 +57,7 @@ from rt.tok.core import refuse
 
 log = logging.getLogger(__name__)
 OUT = "sched-detok"
+FRONT = "front-sched"  # the frontend's ring: resubmissions, aborts, finish-now
 # A decode step this short (moving average) runs on the trio thread: handing it to
 # a worker thread costs two cross-thread wakes, each ~0.1-0.2 ms of CPU on this
 # VM, more than the step.
@@ -132,8 +133,9 @@ class SchedulerActor(Actor):
                 # restart resends them.
                 self._stop(msg)
                 inbox.commit(frame)
-            else:
-                raise TypeError(f"scheduler: unexpected {type(msg).__name__} on {name}")
+            else:  # corruption: never a crash loop
+                log.error("scheduler: dropped a %s frame on %s", type(msg).__name__, name)
+                inbox.commit(frame)
             self.wakeup.set()
 
     def _stop(self, msg: Abort | FinishNow) -> None:
@@ -213,8 +215,11 @@ class SchedulerActor(Actor):
         last: dict[str, Frame] = {}
         for msg, inbox, frame in batch:
             last[inbox] = frame
-            if self.tombstones.pop(msg.rid, None) is not None:
+            stopped = self.tombstones.pop(msg.rid, None) is not None
+            if stopped and inbox != FRONT:
                 continue  # stopped before it got here
+            # (a resubmission from the frontend overrides an abort: the frontend holds
+            # suspects back after a scheduler crash by aborting them, and readmits them)
             if msg.rid in self.engine.reqs:
                 continue  # a duplicate: redelivered by a restarted tokenizer, or resubmitted
             self._add(msg)

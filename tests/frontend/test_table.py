@@ -94,43 +94,55 @@ def test_reopened_streams_hold_the_prompt_tail_prior_output_and_epoch(table) -> 
     assert stream.prior_ids.tolist() == [1, 2] and stream.epoch == 3
 
 
-def test_suspects_are_readmitted_one_at_a_time_and_only_the_culprit_fails(table) -> None:
-    for rid in "bcde":
+def run_to_end(table: RequestTable, record) -> None:
+    table.on_delta(delta(record.rid, 0, [1], 0, "x", finish_reason="length"))
+
+
+@pytest.mark.parametrize("culprit", list("abcdefgh"))
+def test_suspects_are_halved_until_the_culprit_is_alone_and_only_it_fails(
+    table, culprit: str
+) -> None:
+    for rid in "bcdefgh":
         add(table, rid)
-    # crash 1: five requests in flight, nobody can be blamed
-    assert table.on_scheduler_crash() == []
-    assert all(r.sent_epoch == 0 for r in table.live())
-    culprit = "c"
-    crashes = 1
-    while True:
-        record = table.next_on_probation()
-        assert record is not None
-        assert table.next_on_probation() is None, "one suspect at a time"
-        record.sent_epoch = 1 + crashes
-        if record.rid != culprit:  # an innocent runs to its end
-            table.on_delta(delta(record.rid, 0, [1], 0, "x", finish_reason="length"))
-            continue
+    # crash 1: eight requests in flight, all resubmitted together (most crashes are transient)
+    assert table.on_scheduler_crash() == [] and not table.isolating
+    crashes, poisoned = 1, []
+    while not poisoned:
+        # the culprit is in flight: it crashes the scheduler again
+        assert not table.records[culprit].held
         crashes += 1
+        assert crashes < 12, "isolation does not converge"
         poisoned = table.on_scheduler_crash()
-        if poisoned:
-            break
-    assert [r.rid for r in poisoned] == [culprit] and crashes == 3
-    for rid in "abde":  # the innocents ahead of it finished; the rest follow
-        record = table.records[rid]
-        if not record.finished:
-            assert table.next_on_probation() is record
-            table.on_delta(delta(rid, 0, [1], 0, "x", finish_reason="length"))
-    assert all(table.records[rid].finished for rid in "abde")
-    assert table.next_on_probation() is None and not table.quarantine
+        assert poisoned or table.isolating, "new requests wait while suspects are told apart"
+        while not poisoned and table.records[culprit].held:  # innocents in flight finish
+            for record in [r for r in table.live() if not r.held]:
+                run_to_end(table, record)
+            table.next_group()
+    assert [r.rid for r in poisoned] == [culprit]
+    assert crashes <= 2 + 3 + 1, "a repeat, then halving: log2(8) more, then alone"
+    table.on_refused(Refused(culprit, "RequestFailedError", "poison"))
+    while table.live():
+        for record in [r for r in table.live() if not r.held]:
+            run_to_end(table, record)
+        table.next_group()
+    assert not table.held and not table.isolating
+    assert all(not r.error for rid, r in table.records.items() if rid != culprit)
 
 
-def test_a_request_alone_in_flight_is_blamed_at_once() -> None:
+def test_a_request_alone_in_the_scheduler_is_blamed() -> None:
     table = RequestTable(max_crashes=2)
     add(table, "only")
     assert table.on_scheduler_crash() == []
-    assert table.next_on_probation() is table.records["only"]
-    table.records["only"].sent_epoch = 2
     assert [r.rid for r in table.on_scheduler_crash()] == ["only"]
+
+
+def test_a_suspect_whose_ids_are_unknown_is_never_held_back() -> None:
+    table = RequestTable()
+    add(table, "a")
+    add(table, "b", tokenized=False)  # its Scheduled may still be on its way
+    table.on_scheduler_crash()
+    table.on_scheduler_crash()
+    assert table.records["a"].held and not table.records["b"].held
 
 
 def test_a_refusal_finishes_the_request(table) -> None:

@@ -232,9 +232,10 @@ async def test_ten_thousand_cancelled_requests_leave_no_state_behind() -> None:
 async def test_a_request_that_crashes_the_scheduler_fails_alone(
     tiny_model, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every request in flight at a crash is a suspect; suspects are readmitted one
-    at a time, so the culprit is named and the innocents finish with their normal
-    output. Before, 4 of 5 innocents failed with the culprit."""
+    """Every request in flight at a crash is a suspect; after a repeat crash the
+    suspects are halved until the culprit is alone in the scheduler, and the
+    innocents finish with their normal output. Before, 4 of 5 innocents failed
+    with the culprit."""
     monkeypatch.setattr(wiring, "SchedulerActor", CrashyScheduler)
     greedy: dict[str, Any] = dict(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     prompts = [f"prompt number {i}" for i in range(5)]
@@ -257,8 +258,9 @@ async def test_a_request_that_crashes_the_scheduler_fails_alone(
         assert [results[f"innocent{i}"].output_ids for i in range(5)] == [
             w.output_ids for w in want
         ]
-        # 3 crashes (max_crashes_per_request), none counted toward escalation
-        assert actor(engine, "scheduler").restart_count == 3
+        # a first crash, a repeat, then halving 6 suspects: 3 to 5 crashes, none
+        # counted toward escalation (max_restarts=1)
+        assert 3 <= actor(engine, "scheduler").restart_count <= 5
         after = await engine.generate("after", **greedy)
         assert len(after.output_ids) == 6
 
