@@ -91,6 +91,9 @@ class Refused(Message, frozen=True):
 
 class Abort(Message, frozen=True):
     rid: str
+    # False: also stop it if it arrives later (a tombstone); True: only if it runs now
+    # (for output of a request that already left the frontend's table)
+    if_running: bool = False
 
 
 class FinishNow(Message, frozen=True):

@@ -1,24 +1,344 @@
-"""The ``rt-serve`` console script."""
+"""rt-serve: serve a model over HTTP (SGLang's native API, the OpenAI API, a
+WebSocket API, health, metrics and admin endpoints).
+
+With no --model-path it serves the small model shipped in the package. Flags
+follow SGLang's launch_server names where one exists. SIGINT or SIGTERM: new
+requests get 503, requests in flight finish (at most --drain-timeout
+seconds), then everything stops and the command exits 0.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from rt import errors
+from rt.config import EngineOptions
+from rt.http.settings import Settings
+
+log = logging.getLogger("rt.serve")
+PROGRESS_EVERY_S = 5.0
+EXIT_ESCALATED = 3  # as rt.actors.main.run_main
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One engine option as a command-line flag."""
+
+    name: str
+    option: str
+    type: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+
+ENGINE_FLAGS = (
+    Flag(
+        "--model-path",
+        "model_path",
+        str,
+        "a Hugging Face model directory (default: the shipped model)",
+    ),
+    Flag(
+        "--tokenizer-path",
+        "tokenizer_path",
+        str,
+        "the tokenizer's directory (default: --model-path)",
+    ),
+    Flag(
+        "--load-format",
+        "load_format",
+        str,
+        "auto: the weights; dummy: random weights; null: no forward pass, fixed tokens",
+        ("auto", "dummy", "null"),
+    ),
+    Flag(
+        "--dtype",
+        "dtype",
+        str,
+        "the weights' and activations' dtype",
+        ("float32", "bfloat16", "float16"),
+    ),
+    Flag("--device", "device", str, "cpu, cuda, cuda:1, …"),
+    Flag(
+        "--context-length",
+        "context_length",
+        int,
+        "the model's context length (default: from config.json)",
+    ),
+    Flag(
+        "--max-total-tokens",
+        "max_total_tokens",
+        int,
+        "KV pool size in tokens (default: from --mem-fraction-static)",
+    ),
+    Flag("--mem-fraction-static", "mem_fraction", float, "share of free memory the KV pool takes"),
+    Flag("--page-size", "page_size", int, "tokens per KV page"),
+    Flag("--chunked-prefill-size", "chunked_prefill_size", int, "longest prefill chunk in tokens"),
+    Flag(
+        "--max-running-requests",
+        "max_running_requests",
+        int,
+        "requests in the running batch at most",
+    ),
+    Flag("--max-prefill-tokens", "max_prefill_tokens", int, "prefill tokens per step at most"),
+    Flag(
+        "--schedule-policy",
+        "schedule_policy",
+        str,
+        "the waiting queue's order",
+        ("fcfs", "lpm", "priority"),
+    ),
+    Flag("--attention-backend", "attention_backend", str, "torch (reference), triton, flashinfer"),
+    Flag("--random-seed", "seed", int, "the engine's seed (model init for dummy weights)"),
+    Flag("--tokenizer-worker-num", "tokenizer_workers", int, "tokenizer processes"),
+    Flag(
+        "--tokenizer-batch-size", "tokenizer_batch_size", int, "prompts per tokenizer call at most"
+    ),
+    Flag(
+        "--tokenizer-batch-wait-ms",
+        "tokenizer_batch_wait_ms",
+        float,
+        "how long a tokenizer waits to fill a batch",
+    ),
+    Flag(
+        "--watchdog-timeout",
+        "watchdog_timeout",
+        float,
+        "seconds without a heartbeat before an actor is killed and restarted",
+    ),
+    Flag(
+        "--shutdown-grace",
+        "shutdown_grace",
+        float,
+        "seconds an actor gets to exit on SIGTERM before SIGKILL",
+    ),
+    Flag(
+        "--max-restarts",
+        "max_restarts",
+        int,
+        "restarts allowed within --restart-window before the server gives up (exit 3)",
+    ),
+    Flag("--restart-window", "restart_window", float, "the window of --max-restarts, in seconds"),
+    Flag(
+        "--max-crashes-per-request",
+        "max_crashes_per_request",
+        int,
+        "scheduler crashes a request may be in flight for before it fails alone",
+    ),
+    Flag(
+        "--restart-wait-timeout",
+        "restart_wait_timeout",
+        float,
+        "how long a new request waits for a restarting actor (then 503)",
+    ),
+    Flag(
+        "--drain-timeout",
+        "drain_timeout",
+        float,
+        "on SIGTERM/SIGINT, how long requests in flight may take to finish",
+    ),
+    Flag("--fault-plan", "fault_plan", str, "a fault plan (JSON or TOML) for chaos testing"),
+    Flag("--ring-capacity", "ring_capacity", int, "bytes per shared-memory ring"),
+)
+SWITCHES = {"--disable-radix-cache": ("enable_prefix_cache", False, "no prefix cache")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rt-serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    server = parser.add_argument_group("server")
+    server.add_argument(
+        "--host", default="127.0.0.1", help="the address to bind (default: %(default)s)"
+    )
+    server.add_argument(
+        "--port",
+        type=int,
+        default=30000,
+        help="the port; 0 picks a free one (default: %(default)s)",
+    )
+    server.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health",
+    )
+    server.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model id in /v1/models and responses (default: the model path)",
+    )
+    server.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="past --max-running-requests plus this many generations in flight, new ones get 503 with Retry-After (default: no limit)",
+    )
+    server.add_argument(
+        "--max-body-size",
+        type=int,
+        default=Settings.max_body_size,
+        help="largest request body or WebSocket frame in bytes; larger gets 413 (default: %(default)s)",
+    )
+    server.add_argument(
+        "--allow-auto-truncate",
+        action="store_true",
+        help="cut prompts over the context instead of refusing them with 400",
+    )
+    server.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log verbosity (default: %(default)s)",
+    )
+    engine = parser.add_argument_group("engine")
+    defaults = EngineOptions.model_fields
+    for flag in ENGINE_FLAGS:
+        default = defaults[flag.option].default
+        engine.add_argument(
+            flag.name,
+            dest=flag.option,
+            metavar=None if flag.choices else flag.name[2:].upper().replace("-", "_"),
+            type=flag.type,
+            choices=flag.choices,
+            default=None,
+            help=flag.help if default is None else f"{flag.help} (default: {default})",
+        )
+    for name, (option, value, text) in SWITCHES.items():
+        engine.add_argument(
+            name, dest=option, action="store_const", const=value, default=None, help=text
+        )
+    return parser
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    names = [f.option for f in ENGINE_FLAGS] + [option for option, _, _ in SWITCHES.values()]
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def http_settings(args: argparse.Namespace) -> Settings:
+    if args.max_body_size <= 0:
+        raise errors.ConfigError(
+            f"--max-body-size: expected a positive size, got {args.max_body_size}"
+        )
+    if args.max_queued_requests is not None and args.max_queued_requests < 0:
+        raise errors.ConfigError(
+            f"--max-queued-requests: expected 0 or more, got {args.max_queued_requests}"
+        )
+    return Settings(
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        max_body_size=args.max_body_size,
+        max_queued_requests=args.max_queued_requests,
+        allow_auto_truncate=args.allow_auto_truncate,
+    )
+
+
+async def serve(options: dict[str, Any], settings: Settings) -> None:
+    import rt
+    from rt.http import serve as serve_http
+
+    started = time.monotonic()
+    checked = EngineOptions.build(**options)
+    log.info(
+        "starting the engine: model %s on %s (%s), %d tokenizer worker(s)",
+        checked.resolved_model_path(),
+        checked.device,
+        checked.dtype,
+        checked.tokenizer_workers,
+    )
+    # SIGTERM and SIGINT are the engine's while it runs (503, drain, stop). Before
+    # it is up they cancel the start-up; after its drain they are ignored, so that
+    # a second one cannot kill the process before its children and segments are gone.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            state: dict[str, Any] = {"engine": None}
+            nursery.start_soon(_outer_signals, signals, nursery.cancel_scope, state)
+            ticker = trio.CancelScope()
+            nursery.start_soon(_progress, ticker, started)
+            async with rt.open_engine(**options) as engine:
+                state["engine"] = engine
+                ticker.cancel()
+                actors = ", ".join(f"{a.name} (pid {a.pid})" for a in engine.actors())
+                log.info("engine up in %.1f s: %s", time.monotonic() - started, actors)
+                async with trio.open_nursery() as server:
+                    address = await server.start(serve_http, engine, settings)
+                    log.info("rt-serve ready on %s", address)
+            log.info("stopped%s", f" by {engine.stopped_by}" if engine.stopped_by else "")
+            nursery.cancel_scope.cancel()
+
+
+async def _outer_signals(signals: Any, startup: trio.CancelScope, state: dict[str, Any]) -> None:
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        engine = state["engine"]
+        if engine is None or engine.stopped_by is None:  # not the engine's to handle (yet)
+            log.warning("%s: stopping", name)
+            startup.cancel()
+        else:
+            log.warning("%s: already stopping", name)
+
+
+async def _progress(scope: trio.CancelScope, started: float) -> None:
+    with scope:
+        while True:
+            await trio.sleep(PROGRESS_EVERY_S)
+            log.info(
+                "still starting (%.0f s): spawning actors, loading the model",
+                time.monotonic() - started,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rt-serve", description=__doc__)
-    parser.add_argument("--model-path", default=None, help="a Hugging Face model directory")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.parse_args(argv)
-    print(
-        "rt-serve: the serving pipeline (tokenizer, scheduler, detokenizer actors and the "
-        "HTTP app) is not built yet, so nothing is served. This command becomes real with "
-        "issue 5.",
-        file=sys.stderr,
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
-    return 2
+    try:
+        options = engine_options(args)
+        EngineOptions.build(**options)
+        settings = http_settings(args)
+    except errors.ConfigError as err:
+        parser.error(str(err))
+    try:
+        trio.run(serve, options, settings)
+    except (errors.RtError, BaseExceptionGroup) as err:
+        cause = _rt_error(err)
+        if cause is None:
+            raise
+        log.error(
+            "%s: %s",
+            "gave up" if isinstance(cause, errors.EscalationError) else "could not start",
+            cause,
+        )
+        return EXIT_ESCALATED if isinstance(cause, errors.EscalationError) else 1
+    return 0
+
+
+def _rt_error(err: BaseException) -> errors.RtError | None:
+    """The rt error behind ``err`` (trio wraps what tasks raise in groups)."""
+    if isinstance(err, errors.RtError):
+        return err
+    if isinstance(err, BaseExceptionGroup):
+        for inner in err.exceptions:
+            found = _rt_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import signal
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -299,7 +299,7 @@ class Engine:
             rid, _, index = key.rpartition("/")
             owner = self.table.records.get(rid)
             if owner is None:  # gone: nothing may run for it either
-                self._queue(self._to_sched, Abort(rid))
+                self._queue(self._to_sched, Abort(rid, if_running=True))
             if owner is None or owner.finished or owner.seqs[int(index)].finish_reason:
                 self._queue(self._to_detok, CloseStream(key))
         if msg.stats is not None:
@@ -510,20 +510,24 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     if isinstance(plan, str):
         plan = FaultPlan.load(plan)
     _, vocab_size = opts.model_limits()
-    async with open_supervisor(spec, fault_plan=plan) as supervisor:
-        engine = Engine(opts, supervisor, vocab_size)
-        try:
-            async with trio.open_nursery() as nursery:
-                for rx in engine._from_tok:
-                    nursery.start_soon(engine.route_tokenized, rx)
-                nursery.start_soon(engine.route_deltas)
-                nursery.start_soon(engine.send_control)
-                nursery.start_soon(engine.watch_scheduler)
-                if threading.current_thread() is threading.main_thread():
-                    nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
-                try:
-                    yield engine
-                finally:
-                    nursery.cancel_scope.cancel()
-        finally:
-            engine.close()  # after the routing tasks are gone: they use the rings
+    main = threading.current_thread() is threading.main_thread()
+    with ExitStack() as teardown:
+        async with open_supervisor(spec, fault_plan=plan) as supervisor:
+            engine = Engine(opts, supervisor, vocab_size)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for rx in engine._from_tok:
+                        nursery.start_soon(engine.route_tokenized, rx)
+                    nursery.start_soon(engine.route_deltas)
+                    nursery.start_soon(engine.send_control)
+                    nursery.start_soon(engine.watch_scheduler)
+                    if main:
+                        nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
+                    try:
+                        yield engine
+                    finally:
+                        nursery.cancel_scope.cancel()
+            finally:
+                if main:  # a signal during the teardown must not cut it short
+                    teardown.enter_context(trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT))
+                engine.close()  # after the routing tasks are gone: they use the rings

@@ -145,6 +145,8 @@ class SchedulerActor(Actor):
         ``abort`` is a no-op); only ``_admit``, on this thread, adds one."""
         rid = msg.rid
         held = rid in self.engine.reqs
+        if not held and isinstance(msg, Abort) and msg.if_running:
+            return
         if held:
             (self.engine.abort if isinstance(msg, Abort) else self.engine.finish)(rid)
         if not held or any(m.rid == rid for m, _, _ in self.incoming):

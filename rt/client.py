@@ -1,0 +1,333 @@
+"""A trio client for rt-serve's WebSocket API (``GET /ws``).
+
+Many requests share one connection; each has an ``id`` of the client's own,
+and one reader task routes the server's frames to the request they name::
+
+    async with rt.client.connect("ws://127.0.0.1:30000/ws") as client:
+        out = await client.generate(text="In the beginning", sampling_params={"max_new_tokens": 8})
+        print(out["text"], out["meta_info"]["finish_reason"])
+        async for delta in client.stream(text="And God said", sampling_params={"max_new_tokens": 8}):
+            print(delta.text, end="")
+
+The body of a request is that of ``POST /generate`` (``text`` or
+``input_ids``, ``sampling_params``, ``return_logprob``, ``top_logprobs_num``,
+``rid``, …); the server, not this client, checks it. Cancelling the task that
+awaits a request, or leaving a stream early, sends ``cancel`` for it.
+
+Errors: an ``error`` frame raises :class:`RemoteError` (a
+:class:`rt.errors.RequestError`, with the frame's ``status`` and ``message``);
+a connection the server closed or lost fails every request in flight, and
+every later one, with :class:`rt.errors.Broken`; a client used after its
+``async with`` has exited raises :class:`rt.errors.Closed`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+import trio
+import trio_websocket
+
+from rt import errors
+
+__all__ = ["Client", "Delta", "RemoteError", "Stream", "connect", "ws_url"]
+
+log = logging.getLogger(__name__)
+MAX_MESSAGE_SIZE = 16 << 20  # a done frame with logprobs can be large
+Frame = dict[str, Any]
+
+
+class RemoteError(errors.RequestError):
+    """The server answered one request with an ``error`` frame; the connection
+    and the other requests on it go on. ``status`` is the HTTP status the same
+    failure gets from ``POST /generate`` (400 for a bad body, 503 overloaded, …)."""
+
+    def __init__(self, status: int, message: str, frame: Frame | None = None) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.frame = frame or {}
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one ``delta`` frame brought: the text and token ids new since the
+    last one, of sequence ``index`` (0 unless ``n > 1``); ``finish_reason`` on
+    the sequence's last delta. ``frame`` is the whole frame, for fields this
+    client does not name (``output_token_logprobs``, …)."""
+
+    text: str
+    output_ids: tuple[int, ...]
+    index: int = 0
+    finish_reason: Any = None
+    frame: Frame = field(default_factory=dict, repr=False)
+
+
+def ws_url(url: str) -> str:
+    """``http(s)://host:port`` → ``ws(s)://host:port/ws``; a ws URL is kept as it is."""
+    parts = urlsplit(url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss"):
+        raise ValueError(f"expected a ws://, wss://, http:// or https:// URL, got {url!r}")
+    path = parts.path if parts.path not in ("", "/") else "/ws"
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+class Client:
+    """One WebSocket connection to rt-serve. Use through :func:`connect`."""
+
+    def __init__(self, ws: trio_websocket.WebSocketConnection, url: str) -> None:
+        self._ws = ws
+        self.url = url
+        self._ids = itertools.count(1)
+        self._pending: dict[str, trio.MemorySendChannel[Frame | errors.RtError]] = {}
+        self._outbox_send, self._outbox = trio.open_memory_channel[str](math.inf)
+        self._failure: errors.RtError | None = None  # set once: closed by us, or broken
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet done, failed or cancelled."""
+        return len(self._pending)
+
+    async def generate(self, text: Any = None, **body: Any) -> Any:
+        """Run one request to the end; the response of ``POST /generate``:
+        ``{"text", "output_ids", "meta_info"}`` (a list of those, by index, when
+        the deltas carry several sequences). ``body`` holds the other fields of
+        the ``/generate`` body (``input_ids``, ``sampling_params``, …)."""
+        stream = self.stream(text, **body)
+        texts: dict[int, list[str]] = {}
+        ids: dict[int, list[int]] = {}
+        async for delta in stream:
+            texts.setdefault(delta.index, []).append(delta.text)
+            ids.setdefault(delta.index, []).extend(delta.output_ids)
+        meta = stream.meta_info or {}
+        outs = [
+            {"text": "".join(texts[i]), "output_ids": ids[i], "meta_info": meta}
+            for i in sorted(texts)
+        ]
+        if len(outs) > 1:
+            return outs
+        return outs[0] if outs else {"text": "", "output_ids": [], "meta_info": meta}
+
+    def stream(self, text: Any = None, **body: Any) -> Stream:
+        """``async for delta in client.stream(...)``: the request's deltas as they
+        come; ``stream.meta_info`` holds the ``done`` frame's ``meta_info`` after."""
+        if text is not None:
+            body["text"] = text
+        return Stream(self, body)
+
+    # ---- the connection's side ---------------------------------------------------
+
+    def _open(self, body: Frame) -> tuple[str, trio.MemoryReceiveChannel[Frame | errors.RtError]]:
+        if self._failure is not None:
+            raise type(self._failure)(str(self._failure))
+        fid = str(next(self._ids))  # the frame id, not the body's rid
+        send, receive = trio.open_memory_channel[Frame | errors.RtError](math.inf)
+        self._pending[fid] = send
+        self._post({**body, "id": fid, "type": "generate"})
+        return fid, receive
+
+    def _cancel(self, fid: str) -> None:
+        if self._pending.pop(fid, None) is not None and self._failure is None:
+            self._post({"id": fid, "type": "cancel"})
+
+    def _post(self, frame: Frame) -> None:
+        # One writer task sends every frame: a cancelled caller never interrupts a
+        # send halfway, and cancel can be posted from a synchronous close().
+        self._outbox_send.send_nowait(msgspec.json.encode(frame).decode())
+
+    async def _write(self) -> None:
+        async for message in self._outbox:
+            try:
+                await self._ws.send_message(message)
+            except trio_websocket.ConnectionClosed:
+                return  # the reader sees it too, and fails what is in flight
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                self._route(await self._ws.get_message())
+        except trio_websocket.ConnectionClosed as err:
+            reason = err.reason
+            said = f"code {reason.code} ({reason.name}) {reason.reason or ''}" if reason else ""
+            self._fail(
+                errors.Broken(
+                    f"the WebSocket connection to {self.url} closed: {said.strip()}; "
+                    "requests in flight on it are lost, open a new connection to go on"
+                )
+            )
+
+    def _route(self, message: str | bytes) -> None:
+        try:
+            frame = msgspec.json.decode(message)
+            fid = frame["id"]
+            waiter = self._pending[fid]
+        except (msgspec.DecodeError, TypeError, KeyError):
+            # Not for a request in flight: one this client cancelled (frames already
+            # on their way), or a server bug. Neither concerns the other requests.
+            log.debug("dropped a frame no request waits for: %.200r", message)
+            return
+        waiter.send_nowait(frame)
+        if frame.get("type") in ("done", "error"):
+            del self._pending[fid]
+            waiter.close()
+
+    def _fail(self, error: errors.RtError) -> None:
+        if self._failure is None:
+            self._failure = error
+        self._outbox_send.close()
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            waiter.send_nowait(type(error)(str(error)))  # one instance per request
+            waiter.close()
+
+
+class Stream:
+    """The deltas of one request, as an async iterator (a class, not an async
+    generator: leaving it early needs no ``aclosing``, and sends ``cancel`` at once)."""
+
+    def __init__(self, client: Client, body: Frame) -> None:
+        self._client = client
+        self._body = body
+        self._frames: trio.MemoryReceiveChannel[Frame | errors.RtError] | None = None
+        self._done = False
+        self.id: str | None = None  # the frame id, once sent
+        self.meta_info: Frame | None = None
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        while not self._done:
+            try:
+                if self._frames is None:
+                    self.id, self._frames = self._client._open(self._body)
+                item = await self._frames.receive()
+            except BaseException:
+                self.close()
+                raise
+            if isinstance(item, errors.RtError):
+                self._done = True
+                raise item
+            kind = item.get("type")
+            if kind == "delta":
+                ids = item.get("output_ids") or ()
+                return Delta(
+                    item.get("text", ""),
+                    tuple(ids),
+                    item.get("index", 0),
+                    item.get("finish_reason"),
+                    item,
+                )
+            if kind in ("done", "error"):
+                self._done = True
+            if kind == "done":
+                self.meta_info = item.get("meta_info", {})
+            elif kind == "error":
+                raise RemoteError(item.get("status", 0), str(item.get("message", "")), item)
+            # else: a frame type this client does not know; skip it
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        """Stop: send ``cancel`` if the request has not finished."""
+        if not self._done:
+            self._done = True
+            if self.id is not None:
+                self._client._cancel(self.id)
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    *,
+    api_key: str | None = None,
+    connect_timeout: float = 10.0,
+    max_message_size: int = MAX_MESSAGE_SIZE,
+) -> AsyncIterator[Client]:
+    """Open a connection for the body of the ``async with``. ``url`` is the
+    server's ``ws://host:port/ws`` (or its ``http://host:port``); ``api_key`` is
+    sent as ``Authorization: Bearer``. Leaving the body closes the connection,
+    and the server cancels whatever was still in flight on it.
+
+    Raises :class:`rt.errors.Broken` when no connection can be opened within
+    ``connect_timeout`` seconds: nothing listening, or a refused handshake (a
+    401 for a missing key, a 404 for a wrong path)."""
+    target = ws_url(url)
+    parts = urlsplit(target)
+    host, tls = parts.hostname or "127.0.0.1", parts.scheme == "wss"
+    port = parts.port or (443 if tls else 80)
+    headers = [(b"authorization", f"Bearer {api_key}".encode())] if api_key else None
+    # The stream is ours, not trio-websocket's: its open_websocket leaves the
+    # socket open when the server refuses the handshake.
+    try:
+        with trio.fail_after(connect_timeout):
+            if tls:
+                stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
+                    host, port, https_compatible=True
+                )
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+    except (OSError, trio.TooSlowError) as err:
+        raise errors.Broken(
+            f"cannot connect to {target}: {err or 'timed out'}; is rt-serve listening there?"
+        ) from err
+    async with stream:
+        try:
+            async with trio.open_nursery() as nursery:
+                with trio.move_on_after(connect_timeout) as handshake:
+                    ws = await trio_websocket.wrap_client_stream(
+                        nursery,
+                        stream,  # type: ignore[arg-type]  # a SocketStream or an SSLStream
+                        host if port in (80, 443) else f"{host}:{port}",
+                        parts.path + (f"?{parts.query}" if parts.query else ""),
+                        extra_headers=headers,
+                        max_message_size=max_message_size,
+                    )
+                if handshake.cancelled_caught:
+                    raise errors.Broken(
+                        f"{target} did not complete the WebSocket handshake within "
+                        f"{connect_timeout:g} s"
+                    )
+                client = Client(ws, target)
+                nursery.start_soon(client._read)
+                nursery.start_soon(client._write)
+                try:
+                    yield client
+                finally:
+                    client._fail(
+                        errors.Closed("the client was closed: its `async with` has exited")
+                    )
+                    with trio.move_on_after(connect_timeout):
+                        await ws.aclose()  # the close handshake
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # Our own tasks raise nothing, and trio-websocket's reader raises only a
+            # refused handshake; anything else in a group of one is the body's own
+            # exception: let it out as it was raised.
+            if len(group.exceptions) != 1:
+                raise
+            only, context = group.exceptions[0], group.exceptions[0].__context__
+            if isinstance(only, trio_websocket.ConnectionRejected):
+                said = (only.body or b"").decode(errors="replace")[:500]
+                raise errors.Broken(
+                    f"{target} refused the WebSocket handshake with HTTP {only.status_code}: {said}"
+                ) from only
+            try:
+                raise only
+            finally:
+                only.__context__ = context

@@ -1,0 +1,151 @@
+"""Health, state and control: ``/health``, ``/health_generate``, ``/server_info``,
+``/metrics``, ``/abort_request``, ``/flush_cache``, ``/pause_generation``,
+``/continue_generation``."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+import trio
+
+import rt
+from rt import errors
+from rt.http.asgi import Exchange, HTTPError
+from rt.http.engine_port import FlushesCache, Pauses
+from rt.http.front import Front, http_error
+from rt.http.generation import Job, run
+from rt.http.metrics import CONTENT_TYPE
+from rt.http.openai_api import served_name
+from rt.http.schemas import AbortRequest, parse
+
+
+async def health(front: Front, ex: Exchange) -> None:
+    """200 only when every actor is running (a request can complete); 503 with the reason."""
+    reason = front.unhealthy()
+    if reason is None:
+        await ex.json({"status": "ok"})
+    else:
+        await ex.json({"status": "unavailable", "reason": reason}, 503, [("retry-after", "1")])
+
+
+async def health_generate(front: Front, ex: Exchange) -> None:
+    """Generates one token, bypassing the queue limit."""
+    reason = front.unhealthy()
+    if reason is not None:
+        raise HTTPError(503, reason, headers=[("retry-after", "1")])
+    rid = f"health-{uuid.uuid4().hex}"
+    job = Job(None, {"input_ids": [0], "max_new_tokens": 1, "rid": rid}, rid)
+    timeout = front.settings.health_generate_timeout
+    with trio.move_on_after(timeout) as deadline:
+        async with ex.cancel_on_disconnect():
+            await run(front, [job], limited=False)  # never refused by the queue limit
+    if ex.disconnected:
+        return
+    if deadline.cancelled_caught:
+        raise HTTPError(503, f"a one-token generation did not finish within {timeout:g} s")
+    await ex.json({"status": "ok"})
+
+
+async def server_info(front: Front, ex: Exchange) -> None:
+    options = front.engine.options
+    config = options.model_dump(mode="json", exclude={"fault_plan"})
+    config["fault_plan"] = None if options.fault_plan is None else str(options.fault_plan)
+    settings = dataclasses.asdict(front.settings)
+    settings["api_key"] = "<set>" if settings["api_key"] else None
+    stats = front.scheduler
+    await ex.json(
+        {
+            "version": rt.__version__,
+            "model": {
+                "id": served_name(front),
+                "path": options.resolved_model_path(),
+                "context_length": front.context_length,
+                "vocab_size": front.vocab_size,
+            },
+            "config": config,
+            "server": settings,
+            "healthy": front.unhealthy() is None,
+            "stopping": front.stopping,
+            "requests_in_flight": len(front.in_flight),
+            "scheduler": None if stats is None else _struct(stats),
+            "actors": [
+                {
+                    "name": a.name,
+                    "pid": a.pid,
+                    "state": a.state.value,
+                    "incarnation": a.incarnation,
+                    "restart_count": a.restart_count,
+                    "last_exit_reason": a.last_exit_reason,
+                    "heartbeat_age": a.heartbeat_age,
+                }
+                for a in front.engine.actors()
+            ],
+        }
+    )
+
+
+def _struct(stats: Any) -> dict[str, Any]:
+    return {name: getattr(stats, name) for name in stats.__struct_fields__}
+
+
+async def metrics(front: Front, ex: Exchange) -> None:
+    await ex.respond(200, front.metrics.render(), CONTENT_TYPE)
+
+
+async def abort_request(front: Front, ex: Exchange, body: bytes) -> None:
+    req = parse(AbortRequest, body)
+    if req.abort_all:
+        await ex.json({"aborted": front.abort_all()})
+        return
+    if not req.rid:
+        raise HTTPError(
+            400, "rid: expected the rid of a request in flight, or abort_all=true", param="rid"
+        )
+    if not front.abort(req.rid):
+        raise HTTPError(404, f"rid: no request {req.rid!r} is in flight", param="rid")
+    await ex.json({"aborted": 1})
+
+
+def _not_yet(endpoint: str, protocol: type) -> HTTPError:
+    return HTTPError(
+        501,
+        f"{endpoint} needs an engine method that does not exist yet "
+        f"(rt/http/engine_port.py: {protocol.__name__}); nothing was done",
+    )
+
+
+async def flush_cache(front: Front, ex: Exchange) -> None:
+    engine = front.engine
+    if not isinstance(engine, FlushesCache):
+        raise _not_yet("/flush_cache", FlushesCache)
+    try:
+        flushed = await engine.flush_cache()
+    except errors.RtError as err:
+        raise http_error(err) from err
+    if not flushed:
+        raise HTTPError(400, "the cache was not flushed: requests are running; retry when idle")
+    await ex.json({"status": "ok"})
+
+
+async def pause_generation(front: Front, ex: Exchange) -> None:
+    engine = front.engine
+    if not isinstance(engine, Pauses):
+        raise _not_yet("/pause_generation", Pauses)
+    try:
+        await engine.pause_generation()
+    except errors.RtError as err:
+        raise http_error(err) from err
+    await ex.json({"status": "ok"})
+
+
+async def continue_generation(front: Front, ex: Exchange) -> None:
+    engine = front.engine
+    if not isinstance(engine, Pauses):
+        raise _not_yet("/continue_generation", Pauses)
+    try:
+        await engine.continue_generation()
+    except errors.RtError as err:
+        raise http_error(err) from err
+    await ex.json({"status": "ok"})

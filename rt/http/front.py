@@ -1,0 +1,202 @@
+"""The front: what the HTTP layer keeps about the engine requests it runs.
+
+* admission: past ``max_running_requests + max_queued_requests`` generations
+  in flight, a new one is refused with 503 and ``Retry-After``; those already
+  accepted are not touched;
+* the rids in flight, each with a cancel scope, for ``/abort_request``;
+* per-request timings and counts for ``/metrics``;
+* the scheduler's latest report (it reports when it goes idle);
+* the mapping from rt's errors to HTTP answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import trio
+
+from rt import errors
+from rt.actors import ActorState
+from rt.http.asgi import HTTPError
+from rt.http.engine_port import Delta
+from rt.http.metrics import EngineState, Metrics
+from rt.http.settings import Settings
+from rt.http.tokens import TokenTexts
+from rt.messages import SchedulerStats
+
+
+class Tracked:
+    """One engine request in flight: abortable by rid, and timed."""
+
+    def __init__(self, front: Front, rid: str) -> None:
+        self.front = front
+        self.rid = rid
+        self.arrived = time.monotonic()
+        self.first_token_at: float | None = None
+        self.scope = trio.CancelScope()
+        self.abort_cause: str | None = None
+        self._last: dict[int, float] = {}
+
+    def abort(self, cause: str) -> None:
+        if self.abort_cause is None:
+            self.abort_cause = cause
+        self.scope.cancel()
+
+    def on_delta(self, delta: Delta) -> None:
+        tokens = len(delta.output_ids)
+        if not tokens:
+            return
+        now = time.monotonic()
+        metrics = self.front.metrics
+        if self.first_token_at is None:
+            self.first_token_at = now
+            metrics.ttft.observe(now - self.arrived)
+            tokens -= 1
+        last = self._last.get(delta.index)
+        if last is not None and tokens:
+            gap = (now - last) / tokens  # a chunk of k tokens: k gaps of its mean
+            for _ in range(tokens):
+                metrics.itl.observe(gap)
+        self._last[delta.index] = now
+
+
+class Front:
+    def __init__(self, engine: Any, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.started_at = time.time()
+        self.metrics = Metrics(self.state)
+        self.tokens = TokenTexts(engine.options.resolved_tokenizer_path())
+        self.in_flight: dict[str, Tracked] = {}
+        self.admitted = 0
+        self.scheduler: SchedulerStats | None = None
+        options = engine.options
+        queued = settings.max_queued_requests
+        self.limit = None if queued is None else options.max_running_requests + queued
+        self.context_length, self.vocab_size = options.model_limits()
+
+    # ---- admission ---------------------------------------------------------------
+
+    @contextmanager
+    def admit(self, count: int) -> Iterator[None]:
+        """Room for ``count`` more generations, or 503 with Retry-After."""
+        if self.limit is not None and self.admitted + count > self.limit:
+            self.metrics.rejected.inc(count)
+            raise HTTPError(
+                503,
+                f"the server is at its queue limit ({self.limit} generations in flight: "
+                "--max-running-requests + --max-queued-requests); retry later",
+                code="overloaded",
+                headers=[("retry-after", str(self.settings.retry_after_s))],
+            )
+        self.admitted += count
+        try:
+            yield
+        finally:
+            self.admitted -= count
+
+    @contextmanager
+    def track(self, rid: str) -> Iterator[Tracked]:
+        if rid in self.in_flight:
+            raise HTTPError(
+                400,
+                f"rid: {rid!r} is already in flight; a rid can be used again once its "
+                "request has finished",
+                param="rid",
+            )
+        tracked = Tracked(self, rid)
+        self.in_flight[rid] = tracked
+        try:
+            yield tracked
+        finally:
+            del self.in_flight[rid]
+            if tracked.abort_cause is not None:
+                self.metrics.aborted.labels(tracked.abort_cause).inc()
+
+    def abort(self, rid: str) -> bool:
+        tracked = self.in_flight.get(rid)
+        if tracked is None:
+            return False
+        tracked.abort("abort_request")
+        return True
+
+    def abort_all(self) -> int:
+        for tracked in list(self.in_flight.values()):
+            tracked.abort("abort_request")
+        return len(self.in_flight)
+
+    # ---- the engine's state ---------------------------------------------------------
+
+    def state(self) -> EngineState:
+        waiting = sum(1 for t in self.in_flight.values() if t.first_token_at is None)
+        return EngineState(
+            running=len(self.in_flight) - waiting,
+            waiting=waiting,
+            scheduler=self.scheduler,
+            actors=self.engine.actors(),
+        )
+
+    async def watch_scheduler(self) -> None:
+        """Keep the scheduler's latest report (for /server_info and /metrics)."""
+        while True:
+            self.scheduler = await self.engine.scheduler_stats(self._is_new)
+
+    def _is_new(self, stats: SchedulerStats) -> bool:
+        return stats is not self.scheduler
+
+    @property
+    def stopping(self) -> bool:
+        return getattr(self.engine, "stopped_by", None) is not None
+
+    def unhealthy(self) -> str | None:
+        """Why a request could not complete now, or None."""
+        if self.stopping:
+            return f"the server is shutting down ({self.engine.stopped_by})"
+        status = self.engine.supervisor.status()
+        if status.escalated:
+            return f"the engine gave up: {status.escalated}"
+        down = [a for a in status.actors if a.state is not ActorState.RUNNING]
+        if down or not status.running:
+            return (
+                "; ".join(
+                    f"{a.name} is {a.state.value}"
+                    + (f" (last exit: {a.last_exit_reason})" if a.last_exit_reason else "")
+                    for a in down
+                )
+                or "the supervisor is not running"
+            )
+        return None
+
+
+def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTTPError:
+    """The HTTP answer for an error the engine raised. ``rename`` maps the
+    engine's parameter names to the endpoint's (``max_new_tokens`` →
+    ``max_tokens``), so that the message names the field the client sent."""
+    message = str(err)
+    if isinstance(err, errors.InvalidRequestError):
+        param = _param(message)
+        if rename and param is not None and param.split("[")[0] in rename:
+            name = param.split("[")[0]
+            param = rename[name] + param[len(name) :]
+            message = rename[name] + message[len(name) :]
+        return HTTPError(400, message, param=param)
+    if isinstance(err, errors.ContextOverflowError):
+        return HTTPError(400, message, code="context_length_exceeded")
+    if isinstance(err, errors.ServiceUnavailableError):
+        return HTTPError(503, message, headers=[("retry-after", "1")])
+    if isinstance(err, errors.EngineShutdownError):
+        return HTTPError(503, f"the server is shutting down: {message}", code="shutting_down")
+    if isinstance(err, errors.RequestFailedError):
+        return HTTPError(500, message, code="request_failed")
+    return HTTPError(500, f"{type(err).__name__}: {message}")
+
+
+def _param(message: str) -> str | None:
+    """The field an engine message starts with (``temperature: expected ...``)."""
+    head, sep, _ = message.partition(":")
+    if sep and head and " " not in head:
+        return head
+    return None

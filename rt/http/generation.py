@@ -1,0 +1,161 @@
+"""Running generations for an endpoint: one engine stream per prompt, all at
+once, each tracked by the front (admission, abort by rid, metrics).
+
+Every endpoint goes through :func:`run`: a streaming endpoint passes
+``on_delta`` and sends each delta as it comes; the others read the results.
+An aborted request (``/abort_request``, a WebSocket cancel) ends with what it
+had, marked ``aborted``; the client leaving cancels everything at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from rt import errors
+from rt.http.asgi import HTTPError
+from rt.http.engine_port import Delta, EngineStream, TopLogprobs
+from rt.http.front import Front, http_error
+
+
+@dataclass
+class Job:
+    """One engine request: ``prompt`` (text, ids, or None with ``messages`` in
+    ``options``) and the engine's keyword options."""
+
+    prompt: Any
+    options: dict[str, Any]
+    rid: str
+
+
+@dataclass
+class Seq:
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    rid: str
+    seqs: list[Seq]
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    e2e_latency: float = 0.0  # set at the end
+    arrived: float = field(default_factory=time.monotonic)
+    aborted: str | None = None  # why, when it was aborted before its end
+
+    def elapsed(self) -> float:
+        return self.e2e_latency or time.monotonic() - self.arrived
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(s.output_ids) for s in self.seqs)
+
+    def add(self, delta: Delta) -> Seq:
+        seq = self.seqs[delta.index]
+        seq.text += delta.text
+        seq.output_ids += delta.output_ids
+        if delta.logprobs is not None:
+            seq.logprobs += delta.logprobs
+        if delta.top_logprobs is not None:
+            seq.top_logprobs += delta.top_logprobs
+        if delta.finish_reason is not None:
+            seq.finish_reason, seq.matched_stop = delta.finish_reason, delta.matched_stop
+        return seq
+
+
+OnDelta = Callable[[int, Delta, Result], Awaitable[None]]
+
+
+async def run(
+    front: Front,
+    jobs: list[Job],
+    on_delta: OnDelta | None = None,
+    rename: dict[str, str] | None = None,
+    limited: bool = True,
+) -> list[Result]:
+    """Run every job; the results in the jobs' order. The first error (an
+    HTTPError, or the engine's mapped by :func:`http_error` with ``rename``)
+    cancels the others and is raised. ``limited``: subject to the queue limit."""
+    results: list[Result | None] = [None] * len(jobs)
+    failures: list[HTTPError] = []
+    with front.admit(len(jobs) if limited else 0):
+        async with trio.open_nursery() as nursery:
+            for i, job in enumerate(jobs):
+                nursery.start_soon(
+                    _run_one,
+                    front,
+                    i,
+                    job,
+                    on_delta,
+                    rename,
+                    results,
+                    failures,
+                    nursery.cancel_scope,
+                )
+    if failures:
+        raise failures[0]
+    return [r for r in results if r is not None]
+
+
+async def _run_one(
+    front: Front,
+    i: int,
+    job: Job,
+    on_delta: OnDelta | None,
+    rename: dict[str, str] | None,
+    results: list[Result | None],
+    failures: list[HTTPError],
+    cancel_all: trio.CancelScope,
+) -> None:
+    n = job.options.get("n", 1)
+    result = Result(job.rid, [Seq() for _ in range(n if isinstance(n, int) and n > 0 else 1)])
+    try:
+        with front.track(job.rid) as tracked:
+            stream = EngineStream(front.engine, job.prompt, job.options)
+            try:
+                with tracked.scope:
+                    async for delta in stream:
+                        tracked.on_delta(delta)
+                        result.add(delta)
+                        result.prompt_tokens = stream.prompt_tokens
+                        result.cached_tokens = stream.cached_tokens
+                        if on_delta is not None:
+                            await on_delta(i, delta, result)
+            except trio.Cancelled:
+                tracked.abort_cause = (
+                    tracked.abort_cause or "cancelled"
+                )  # the client left, or a sibling failed
+                raise
+            finally:
+                await stream.aclose()
+            result.aborted = tracked.abort_cause
+            result.prompt_tokens = stream.prompt_tokens
+            result.cached_tokens = stream.cached_tokens
+            result.e2e_latency = time.monotonic() - result.arrived
+            if stream.queue_time is not None:
+                front.metrics.queue_time.observe(stream.queue_time)
+            _count(front, result)
+    except (errors.RtError, HTTPError) as err:
+        failures.append(err if isinstance(err, HTTPError) else http_error(err, rename))
+        cancel_all.cancel()
+        return
+    results[i] = result
+
+
+def _count(front: Front, result: Result) -> None:
+    metrics = front.metrics
+    if result.aborted is None:
+        metrics.e2e.observe(result.e2e_latency)
+    metrics.count_tokens(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
+    for seq in result.seqs:
+        if seq.finish_reason is not None:
+            metrics.finished.labels(seq.finish_reason).inc()

@@ -1,0 +1,160 @@
+"""``POST /generate``: SGLang's native API.
+
+One prompt (``text`` or ``input_ids``) gives one object; a batch (a list of
+texts, a list of id lists) or ``n > 1`` gives a list, prompt-major, each
+entry with its ``index``. Streaming is SSE, each event carrying the
+sequence's text and ids *so far* (as SGLang's do) and ``meta_info``, then
+``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from rt.http import sse
+from rt.http.asgi import Exchange, HTTPError
+from rt.http.engine_port import Delta
+from rt.http.front import Front
+from rt.http.generation import Job, Result, Seq, run
+from rt.http.schemas import GenerateRequest, SamplingParams, parse
+
+
+async def generate(front: Front, ex: Exchange, body: bytes) -> None:
+    req = parse(GenerateRequest, body)
+    jobs, batch = build_jobs(front, req)
+    multi = batch or any(job.options.get("n", 1) != 1 for job in jobs)
+    if req.return_logprob and req.return_text_in_logprobs:
+        await front.tokens.ensure()
+    if req.stream:
+
+        def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
+            seq = result.seqs[delta.index]
+            out = output(front, req, result, seq, delta.index)
+            if multi:
+                out["index"] = _index(jobs, i, delta.index)
+            return [out]
+
+        await sse.stream(
+            ex, front, jobs, events_of, lambda results: _aborted(front, req, jobs, results)
+        )
+        return
+    async with ex.cancel_on_disconnect():
+        results = await run(front, jobs)
+    if ex.disconnected:
+        return
+    outs = []
+    for i, result in enumerate(results):
+        for j, seq in enumerate(result.seqs):
+            out = output(front, req, result, seq, j)
+            if multi:
+                out["index"] = _index(jobs, i, j)
+            outs.append(out)
+    await ex.json(outs if multi else outs[0])
+
+
+def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
+    """The engine requests of one body, and whether it is a batch."""
+    if (req.text is None) == (req.input_ids is None):
+        raise HTTPError(400, "expected exactly one of text or input_ids", param="text")
+    prompts: list[Any]
+    if isinstance(req.text, list):
+        prompts, batch = list(req.text), True
+    elif req.input_ids and isinstance(req.input_ids[0], list):
+        prompts, batch = list(req.input_ids), True
+    else:
+        prompts, batch = [req.text if req.text is not None else req.input_ids], False
+    if batch and not prompts:
+        raise HTTPError(400, "text: expected at least one prompt, got an empty batch", param="text")
+    sampling = req.sampling_params
+    if isinstance(sampling, list):
+        if len(sampling) != len(prompts):
+            raise HTTPError(
+                400,
+                f"sampling_params: expected one per prompt ({len(prompts)}), got {len(sampling)}",
+                param="sampling_params",
+            )
+        per_prompt = sampling
+    else:
+        per_prompt = [sampling or SamplingParams()] * len(prompts)
+    rids = req.rid if isinstance(req.rid, list) else None
+    if rids is not None and len(rids) != len(prompts):
+        raise HTTPError(
+            400, f"rid: expected one per prompt ({len(prompts)}), got {len(rids)}", param="rid"
+        )
+    if req.logprob_start_len not in (None, -1):
+        raise HTTPError(
+            400,
+            f"logprob_start_len: expected -1 (rt does not compute the prompt's logprobs), "
+            f"got {req.logprob_start_len}",
+            param="logprob_start_len",
+        )
+    base = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
+    jobs = []
+    for i, (prompt, params) in enumerate(zip(prompts, per_prompt, strict=True)):
+        options = params.model_dump(exclude_none=True)
+        options["allow_auto_truncate"] = front.settings.allow_auto_truncate
+        if req.return_logprob or req.top_logprobs_num:
+            options["logprobs"] = True
+            options["top_logprobs"] = req.top_logprobs_num or 0
+        if req.priority is not None:
+            options["priority"] = req.priority
+        rid = rids[i] if rids is not None else (base if not batch else f"{base}-{i}")
+        options["rid"] = rid
+        if isinstance(prompt, list):
+            jobs.append(Job(None, {**options, "input_ids": prompt}, rid))
+        else:
+            jobs.append(Job(prompt, options, rid))
+    return jobs, batch
+
+
+def output(front: Front, req: GenerateRequest, result: Result, seq: Seq, j: int) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": result.rid,
+        "finish_reason": finish_reason(seq, result.aborted),
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": len(seq.output_ids),
+        "cached_tokens": result.cached_tokens,
+        "e2e_latency": result.elapsed(),
+    }
+    if req.return_logprob:
+        text = front.tokens.text if req.return_text_in_logprobs else None
+        meta["output_token_logprobs"] = [
+            [lp, tok, text(tok) if text else None]
+            for lp, tok in zip(seq.logprobs, seq.output_ids, strict=False)
+        ]
+        if req.top_logprobs_num:
+            meta["output_top_logprobs"] = [
+                [[lp, tok, text(tok) if text else None] for tok, lp in top]
+                for top in seq.top_logprobs
+            ]
+    return {"text": seq.text, "output_ids": list(seq.output_ids), "meta_info": meta}
+
+
+def finish_reason(seq: Seq, aborted: str | None) -> dict[str, Any] | None:
+    if seq.finish_reason is None:
+        return {"type": "abort", "message": f"aborted ({aborted})"} if aborted else None
+    if seq.finish_reason == "length":
+        return {"type": "length", "length": len(seq.output_ids)}
+    return {"type": seq.finish_reason, "matched": seq.matched_stop}
+
+
+def _index(jobs: list[Job], i: int, j: int) -> int:
+    """Prompt-major: prompt i's sample j."""
+    return sum(job.options.get("n", 1) for job in jobs[:i]) + j
+
+
+def _aborted(
+    front: Front, req: GenerateRequest, jobs: list[Job], results: list[Result]
+) -> list[Any]:
+    """After the last delta: a final event for each sequence an abort cut short."""
+    events = []
+    for i, result in enumerate(results):
+        if result.aborted is None:
+            continue
+        for j, seq in enumerate(result.seqs):
+            if seq.finish_reason is None:
+                out = output(front, req, result, seq, j)
+                out["index"] = _index(jobs, i, j)
+                events.append(out)
+    return events

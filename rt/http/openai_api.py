@@ -1,0 +1,360 @@
+"""The OpenAI API: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+
+Bodies and answers as OpenAI defines them, so the official client works
+unchanged; where rt adds something it is what vLLM and SGLang add
+(``matched_stop`` in a choice, ``max_model_len`` and ``root`` in a model,
+sampling extensions such as ``top_k``). For a list prompt with ``n > 1``,
+choices are prompt-major: prompt ``i``'s sample ``j`` has index ``i * n + j``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from rt.http import sse
+from rt.http.asgi import Exchange, HTTPError
+from rt.http.engine_port import Delta
+from rt.http.front import Front
+from rt.http.generation import Job, Result, Seq, run
+from rt.http.openai_format import chat_logprobs, completion_logprobs, usage
+from rt.http.schemas import ChatCompletionRequest, CompletionRequest, OpenAISampling, parse
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "n": "n",
+    "seed": "seed",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "logit_bias": "logit_bias",
+    "min_tokens": "min_new_tokens",
+    "skip_special_tokens": "skip_special_tokens",
+    "spaces_between_special_tokens": "spaces_between_special_tokens",
+    "priority": "priority",
+}
+
+
+def model_card(front: Front) -> dict[str, Any]:
+    options = front.engine.options
+    return {
+        "id": served_name(front),
+        "object": "model",
+        "created": int(front.started_at),
+        "owned_by": "rt",
+        "root": options.resolved_model_path(),
+        "parent": None,
+        "max_model_len": front.context_length,
+    }
+
+
+def served_name(front: Front) -> str:
+    return front.settings.served_model_name or front.engine.options.model_path or "default"
+
+
+async def models(front: Front, ex: Exchange, model_id: str | None = None) -> None:
+    card = model_card(front)
+    if model_id is None:
+        await ex.json({"object": "list", "data": [card]})
+        return
+    check_model(front, model_id)
+    await ex.json(card)
+
+
+def check_model(front: Front, model: str | None) -> None:
+    if model is not None and model != served_name(front):
+        raise HTTPError(
+            404,
+            f"the model {model!r} does not exist; this server serves {served_name(front)!r} "
+            "(GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) -> dict[str, Any]:
+    """The engine's keyword options for the sampling fields of an OpenAI body."""
+    check_model(front, req.model)
+    if req.stream_options is not None and not req.stream:
+        raise HTTPError(400, "stream_options: only with stream=true", param="stream_options")
+    options = {
+        engine: getattr(req, name)
+        for name, engine in _SAMPLING.items()
+        if getattr(req, name) is not None
+    }
+    if max_tokens is not None:
+        options["max_new_tokens"] = max_tokens
+    options["allow_auto_truncate"] = front.settings.allow_auto_truncate
+    return options
+
+
+def _jobs(prompts: list[Any], options: dict[str, Any], base: str) -> list[Job]:
+    jobs = []
+    for i, prompt in enumerate(prompts):
+        rid = base if len(prompts) == 1 else f"{base}-{i}"
+        if isinstance(prompt, str) or "messages" in options:
+            jobs.append(Job(prompt, {**options, "rid": rid}, rid))
+        else:
+            jobs.append(Job(None, {**options, "input_ids": prompt, "rid": rid}, rid))
+    return jobs
+
+
+def _finish(seq: Seq, result: Result) -> str | None:
+    return seq.finish_reason or ("abort" if result.aborted else None)
+
+
+# ---- /v1/completions ----------------------------------------------------------------
+
+
+async def completions(front: Front, ex: Exchange, body: bytes) -> None:
+    req = parse(CompletionRequest, body)
+    n = req.n or 1
+    if req.suffix is not None:
+        raise HTTPError(400, "suffix: not supported (rt has no fill-in-the-middle)", param="suffix")
+    if req.best_of is not None and req.best_of != n:
+        raise HTTPError(
+            400, f"best_of: only equal to n ({n}) is supported, got {req.best_of}", param="best_of"
+        )
+    if req.echo and req.logprobs is not None:
+        raise HTTPError(
+            400,
+            "echo with logprobs needs the prompt's logprobs, which rt does not compute; "
+            "ask for one or the other",
+            param="echo",
+        )
+    prompts = _prompts(req.prompt)
+    options = engine_options(
+        front, req, req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+    )
+    if req.logprobs is not None:
+        options["logprobs"] = True
+        options["top_logprobs"] = req.logprobs
+    if req.logprobs is not None or (req.echo and not all(isinstance(p, str) for p in prompts)):
+        await front.tokens.ensure()
+    cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
+    jobs = _jobs(prompts, options, req.rid or cid)
+    echoes = [
+        (p if isinstance(p, str) else front.tokens.decode(p)) if req.echo else "" for p in prompts
+    ]
+    rename = {
+        "max_new_tokens": "max_tokens",
+        "min_new_tokens": "min_tokens",
+        "top_logprobs": "logprobs",
+        "input_ids": "prompt",
+    }
+    head = {
+        "id": cid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": served_name(front),
+    }
+    if req.stream:
+        await _stream_completions(front, ex, req, jobs, head, echoes, n, rename)
+        return
+    async with ex.cancel_on_disconnect():
+        results = await run(front, jobs, rename=rename)
+    if ex.disconnected:
+        return
+    choices = []
+    for i, result in enumerate(results):
+        for j, seq in enumerate(result.seqs):
+            choices.append(
+                {
+                    "index": i * n + j,
+                    "text": echoes[i] + seq.text,
+                    "logprobs": completion_logprobs(
+                        front, seq.output_ids, seq.logprobs, seq.top_logprobs, len(echoes[i])
+                    )
+                    if req.logprobs is not None
+                    else None,
+                    "finish_reason": _finish(seq, result),
+                    "matched_stop": seq.matched_stop,
+                }
+            )
+    await ex.json({**head, "choices": choices, "usage": usage(results)})
+
+
+def _prompts(prompt: Any) -> list[Any]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise HTTPError(400, "prompt: expected a prompt, got an empty list", param="prompt")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+async def _stream_completions(
+    front: Front,
+    ex: Exchange,
+    req: CompletionRequest,
+    jobs: list[Job],
+    head: dict[str, Any],
+    echoes: list[str],
+    n: int,
+    rename: dict[str, str],
+) -> None:
+    offsets: dict[int, int] = {}  # characters sent, per choice
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    extra = {"usage": None} if include_usage else {}
+
+    def choice(index: int, text: str, seq: Seq, delta: Delta | None, finish: str | None) -> Any:
+        logprobs = None
+        if req.logprobs is not None and delta is not None:
+            logprobs = completion_logprobs(
+                front,
+                delta.output_ids,
+                delta.logprobs or (),
+                delta.top_logprobs or (),
+                offsets.get(index, 0),
+            )
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+            "matched_stop": seq.matched_stop if finish else None,
+        }
+
+    def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
+        index = i * n + delta.index
+        text = delta.text
+        if index not in offsets:
+            text = echoes[i] + text
+            offsets[index] = len(echoes[i])
+        seq = result.seqs[delta.index]
+        event = {**head, "choices": [choice(index, text, seq, delta, delta.finish_reason)], **extra}
+        offsets[index] += len(delta.text)
+        return [event]
+
+    def tail_of(results: list[Result]) -> list[Any]:
+        events: list[Any] = []
+        for i, result in enumerate(results):
+            for j, seq in enumerate(result.seqs):
+                if seq.finish_reason is None and result.aborted:
+                    events.append(
+                        {**head, "choices": [choice(i * n + j, "", seq, None, "abort")], **extra}
+                    )
+        if include_usage:
+            events.append({**head, "choices": [], "usage": usage(results)})
+        return events
+
+    await sse.stream(ex, front, jobs, events_of, tail_of, rename)
+
+
+# ---- /v1/chat/completions --------------------------------------------------------------
+
+
+async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
+    req = parse(ChatCompletionRequest, body)
+    for name in ("tools", "tool_choice", "functions", "function_call"):
+        if getattr(req, name) is not None:
+            raise HTTPError(400, f"{name}: not supported (rt has no tool calling yet)", param=name)
+    if req.response_format is not None and req.response_format != {"type": "text"}:
+        raise HTTPError(
+            400,
+            f"response_format: only {{'type': 'text'}} is supported, got {req.response_format!r}",
+            param="response_format",
+        )
+    if req.top_logprobs is not None and not req.logprobs:
+        raise HTTPError(400, "top_logprobs: only with logprobs=true", param="top_logprobs")
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
+    options = engine_options(front, req, max_tokens)
+    options["messages"] = [m.model_dump(exclude_none=True) for m in req.messages]
+    if req.logprobs:
+        options["logprobs"] = True
+        options["top_logprobs"] = req.top_logprobs or 0
+        await front.tokens.ensure()
+    cid = f"chatcmpl-{req.rid or uuid.uuid4().hex}"
+    jobs = _jobs([None], options, req.rid or cid)
+    limit_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    rename = {"max_new_tokens": limit_name, "min_new_tokens": "min_tokens"}
+    head = {
+        "id": cid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": served_name(front),
+    }
+    if req.stream:
+        await _stream_chat(
+            front, ex, req, jobs, {**head, "object": "chat.completion.chunk"}, rename
+        )
+        return
+    async with ex.cancel_on_disconnect():
+        results = await run(front, jobs, rename=rename)
+    if ex.disconnected:
+        return
+    result = results[0]
+    choices = [
+        {
+            "index": j,
+            "message": {"role": "assistant", "content": seq.text},
+            "logprobs": chat_logprobs(front, seq.output_ids, seq.logprobs, seq.top_logprobs)
+            if req.logprobs
+            else None,
+            "finish_reason": _finish(seq, result),
+            "matched_stop": seq.matched_stop,
+        }
+        for j, seq in enumerate(result.seqs)
+    ]
+    await ex.json({**head, "choices": choices, "usage": usage(results)})
+
+
+async def _stream_chat(
+    front: Front,
+    ex: Exchange,
+    req: ChatCompletionRequest,
+    jobs: list[Job],
+    head: dict[str, Any],
+    rename: dict[str, str],
+) -> None:
+    started: set[int] = set()
+    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    extra = {"usage": None} if include_usage else {}
+
+    def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
+        message: dict[str, Any] = {"content": delta.text}
+        if delta.index not in started:
+            started.add(delta.index)
+            message = {"role": "assistant", **message}
+        logprobs = None
+        if req.logprobs:
+            logprobs = chat_logprobs(
+                front, delta.output_ids, delta.logprobs or (), delta.top_logprobs or ()
+            )
+        seq = result.seqs[delta.index]
+        choice = {
+            "index": delta.index,
+            "delta": message,
+            "logprobs": logprobs,
+            "finish_reason": delta.finish_reason,
+            "matched_stop": seq.matched_stop if delta.finish_reason else None,
+        }
+        return [{**head, "choices": [choice], **extra}]
+
+    def tail_of(results: list[Result]) -> list[Any]:
+        result = results[0]
+        events: list[Any] = [
+            {
+                **head,
+                "choices": [{"index": j, "delta": {}, "logprobs": None, "finish_reason": "abort"}],
+                **extra,
+            }
+            for j, seq in enumerate(result.seqs)
+            if seq.finish_reason is None and result.aborted
+        ]
+        if include_usage:
+            events.append({**head, "choices": [], "usage": usage(results)})
+        return events
+
+    await sse.stream(ex, front, jobs, events_of, tail_of, rename)

@@ -1,0 +1,252 @@
+"""Request bodies, as pydantic models: they validate each body and make the
+OpenAPI document (``/openapi.json``).
+
+Validation is strict (JSON types as written: ``"2"`` is not a number, ``1``
+is not a bool) and an unknown field is refused: a misspelt sampling
+parameter silently ignored would be a wrong answer, not a lenient one. A
+``null`` means "not given". Ranges are left to the engine, whose messages
+name the field (``rt.frontend.requests``): one place decides what a valid
+temperature is.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from rt.gpu.sampling_params import show
+from rt.http.asgi import HTTPError
+
+STRICT = ConfigDict(extra="forbid", strict=True)
+Stop = str | list[str]
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class SamplingParams(BaseModel):
+    """SGLang's ``sampling_params`` (the subset rt implements)."""
+
+    model_config = STRICT
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: Stop | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    n: int | None = None
+    seed: int | None = Field(
+        default=None, description="the sampling seed; each of the n samples derives its own"
+    )
+    logit_bias: dict[str, float] | None = None
+
+
+class GenerateRequest(BaseModel):
+    """``POST /generate`` (SGLang's native API). One of ``text`` or
+    ``input_ids``; a list of them is a batch, answered with a list."""
+
+    model_config = STRICT
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SamplingParams | list[SamplingParams] | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool = False
+    logprob_start_len: int | None = Field(
+        default=None, description="only -1: rt does not compute the prompt's logprobs"
+    )
+    rid: str | list[str] | None = None
+    priority: int | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+    include_usage: bool = False
+
+
+class OpenAISampling(BaseModel):
+    """Fields the two OpenAI generation endpoints share, with vLLM's and
+    SGLang's usual extensions (``top_k``, ``min_p``, ``repetition_penalty``,
+    ``min_tokens``, ``ignore_eos``, ``stop_token_ids``, …)."""
+
+    model_config = STRICT
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: Stop | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    rid: str | None = Field(default=None, description="the request id, for /abort_request")
+    priority: int | None = None
+    # Accepted and ignored: they change nothing about the output.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class CompletionRequest(OpenAISampling):
+    """``POST /v1/completions``."""
+
+    prompt: Prompt
+    echo: bool = False
+    logprobs: int | None = Field(default=None, description="the number of top logprobs per token")
+    best_of: int | None = Field(
+        default=None, description="only equal to n: rt returns every sample"
+    )
+    suffix: str | None = Field(default=None, description="not supported (no fill-in-the-middle)")
+
+
+class ChatMessage(BaseModel):
+    """A chat message: ``role`` and ``content`` text; other fields go to the chat template."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: str
+    content: str | list[Any] | None = None
+
+
+class ChatCompletionRequest(OpenAISampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    # Refused when set: rt has no tool calling or constrained decoding yet.
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    parallel_tool_calls: bool | None = None
+
+
+class AbortRequest(BaseModel):
+    """``POST /abort_request``: one rid, or every request."""
+
+    model_config = STRICT
+    rid: str = ""
+    abort_all: bool = False
+
+
+class WsFrame(BaseModel):
+    """A WebSocket frame from the client: ``generate`` (with /generate's body,
+    one prompt) or ``cancel``."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    id: str | int
+    type: Literal["generate", "cancel"]
+
+
+BODIES: dict[str, type[BaseModel]] = {
+    "/generate": GenerateRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/abort_request": AbortRequest,
+}
+M = TypeVar("M", bound=BaseModel)
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON, or a 400 that says why not. (The standard library's parser: it keeps
+    a lone surrogate escape, which the engine then refuses by name and position.)"""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise HTTPError(400, "the body nests lists or objects too deeply") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise HTTPError(400, f"the body is not valid JSON: {err}") from None
+
+
+def parse(model: type[M], data: bytes | str | dict[str, Any]) -> M:
+    """``data`` as ``model``, or a 400 that names the field, says what was
+    expected and what arrived."""
+    obj = data if isinstance(data, dict) else loads(data)
+    if not isinstance(obj, dict):
+        raise HTTPError(400, f"the body must be a JSON object, got {_what(obj)}")
+    try:
+        return model.model_validate(obj)
+    except pydantic.ValidationError as err:
+        message, param = _describe(err.errors(include_url=False), 0)
+        raise HTTPError(400, message, param=param) from None
+
+
+def _describe(errors: list[Any], start: int) -> tuple[str, str | None]:
+    first = errors[0]
+    loc = first["loc"]
+    tag_at = next((i for i in range(start, len(loc)) if _is_tag(loc[i])), None)
+    if tag_at is not None:
+        prefix = loc[:tag_at]
+        alternatives = [
+            e
+            for e in errors
+            if e["loc"][:tag_at] == prefix and len(e["loc"]) > tag_at and _is_tag(e["loc"][tag_at])
+        ]
+        deeper = [e for e in alternatives if len(e["loc"]) > tag_at + 1]
+        if deeper and len({e["loc"][tag_at] for e in deeper}) == 1:
+            # The value had the right shape for one alternative only: say what is wrong inside.
+            return _describe(deeper, tag_at + 1)
+        expected = list(dict.fromkeys(str(e["loc"][tag_at]) for e in alternatives))
+        whole = next(
+            (e.get("input") for e in alternatives if len(e["loc"]) == tag_at + 1),
+            first.get("input"),
+        )
+        param = _path(prefix)
+        return f"{param}: expected {' or '.join(expected)}; got {_what(whole)}", param
+    param = _path(loc)
+    if first["type"] == "extra_forbidden":
+        return f"{param}: unknown field (got {_what(first.get('input'))})", param
+    if first["type"] == "missing":
+        return f"{param}: this field is required", param
+    msg = first["msg"]
+    return f"{param}: {msg[:1].lower()}{msg[1:]} (got {_what(first.get('input'))})", param
+
+
+_MODELS = {"SamplingParams", "StreamOptions", "ChatMessage"}
+
+
+def _is_tag(part: Any) -> bool:
+    """A union alternative's name in an error's location (pydantic puts it there)."""
+    return isinstance(part, str) and (
+        part in ("str", "int", "float", "bool") or part in _MODELS or "[" in part
+    )
+
+
+def _path(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _is_tag(part):
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
+
+def _what(value: Any) -> str:
+    if value is None or isinstance(value, bool | int | float | str):
+        return show(value)
+    return f"{type(value).__name__} {show(value)}"

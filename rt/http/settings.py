@@ -1,0 +1,30 @@
+"""The HTTP front's own settings (the engine's are ``rt.config.EngineOptions``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``served_model_name``: the model id of /v1/models and of every response
+    (None: the model path). ``api_key``: required as ``Authorization: Bearer``
+    on every endpoint but /health. ``max_queued_requests``: past
+    ``max_running_requests + max_queued_requests`` generations in flight, a new
+    one gets 503 with ``Retry-After`` (None: no limit). ``allow_auto_truncate``:
+    the default for every request (a prompt over the context is cut instead of
+    refused)."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_body_size: int = 16 << 20
+    max_queued_requests: int | None = None
+    retry_after_s: int = 1
+    allow_auto_truncate: bool = False
+    health_generate_timeout: float = 20.0
+
+    def __post_init__(self) -> None:
+        assert self.max_body_size > 0, self.max_body_size
+        assert self.max_queued_requests is None or self.max_queued_requests >= 0

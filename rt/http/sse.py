@@ -1,0 +1,61 @@
+"""Streaming a generation as server-sent events, shared by /generate and the
+OpenAI endpoints: each endpoint says what events a delta makes and what comes
+after the last one; this sends them, in order, and ends with ``data: [DONE]``.
+
+The status line waits for the first delta, so that a request the engine
+refuses (a prompt over the context, say) is still a plain 4xx. An error after
+that is an event ``{"error": {...}}`` before ``[DONE]``. The client leaving
+cancels every generation of the request at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from rt.http.asgi import Exchange, HTTPError
+from rt.http.engine_port import Delta
+from rt.http.front import Front
+from rt.http.generation import Job, Result, run
+
+EventsOf = Callable[[int, Delta, Result], list[Any]]
+TailOf = Callable[[list[Result]], list[Any]]
+
+
+async def stream(
+    ex: Exchange,
+    front: Front,
+    jobs: list[Job],
+    events_of: EventsOf,
+    tail_of: TailOf,
+    rename: dict[str, str] | None = None,
+) -> None:
+    lock = trio.Lock()  # the jobs' tasks take turns on the response
+
+    async def on_delta(i: int, delta: Delta, result: Result) -> None:
+        events = events_of(i, delta, result)
+        async with lock:
+            if not ex.started:
+                await ex.start_events()
+            for event in events:
+                await ex.event(event)
+
+    try:
+        async with ex.cancel_on_disconnect():
+            results = await run(front, jobs, on_delta, rename)
+    except HTTPError as err:
+        if not ex.started:
+            raise
+        if not ex.disconnected:
+            await ex.event(err.body())
+            await ex.end_events()
+        return
+    if ex.disconnected:
+        return
+    if not ex.started:
+        await ex.start_events()
+    for event in tail_of(results):
+        await ex.event(event)
+    await ex.end_events()

@@ -1,0 +1,190 @@
+"""``GET /ws``: many concurrent generations on one WebSocket.
+
+Client → server (JSON text frames)::
+
+    {"id": "a1", "type": "generate", "text": "...", "sampling_params": {...}, ...}
+    {"id": "a1", "type": "cancel"}
+
+``generate`` takes /generate's body with one prompt. Server → client::
+
+    {"id", "type": "delta", "index", "text", "output_ids"[, "finish_reason"]}
+    {"id", "type": "done", "meta_info": {...}}     (finish_reason "abort" after a cancel)
+    {"id", "type": "error", "status", "message"}
+
+A bad frame is answered with an error frame for its id (null when it has
+none) and never closes the connection. The client leaving aborts every
+generation it had in flight. Frames go out through one writer task, with a
+bounded queue in front: a slow reader holds back its own generations only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from rt.http import native
+from rt.http.asgi import HTTPError, Message, Receive, Send, encode
+from rt.http.engine_port import Delta
+from rt.http.front import Front
+from rt.http.generation import Result, run
+from rt.http.schemas import GenerateRequest, WsFrame, loads, parse
+
+OUT_QUEUE = 256  # frames waiting for the writer
+
+
+class Connection:
+    def __init__(self, front: Front, send: Send) -> None:
+        self.front = front
+        self._send = send
+        self._out, self._out_recv = trio.open_memory_channel[bytes](OUT_QUEUE)
+        self.in_flight: dict[str | int, trio.CancelScope] = {}
+
+    async def serve(self, receive: Receive) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write, nursery.cancel_scope)
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message["type"] == "websocket.receive":
+                    await self._on_frame(nursery, message)
+            nursery.cancel_scope.cancel()
+
+    async def _write(self, connection: trio.CancelScope) -> None:
+        async for frame in self._out_recv:
+            try:
+                await self._send({"type": "websocket.send", "text": frame.decode()})
+            except Exception:  # the peer is gone: nothing in flight can be delivered
+                connection.cancel()
+                return
+
+    async def _frame(self, obj: dict[str, Any]) -> None:
+        await self._out.send(encode(obj))
+
+    async def _error(self, cid: Any, err: HTTPError) -> None:
+        frame = {"id": cid, "type": "error", "status": err.status, "message": err.message}
+        if err.param is not None:
+            frame["param"] = err.param
+        for name, value in err.headers:
+            if name == "retry-after":
+                frame["retry_after"] = int(value)
+        await self._frame(frame)
+
+    async def _on_frame(self, nursery: trio.Nursery, message: Message) -> None:
+        data = message.get("text")
+        if data is None:
+            data = message.get("bytes") or b""
+        size = len(data)
+        if size > self.front.settings.max_body_size:
+            await self._error(
+                None,
+                HTTPError(
+                    413,
+                    f"the frame has {size} bytes; at most {self.front.settings.max_body_size} are accepted",
+                ),
+            )
+            return
+        try:
+            obj = loads(data)
+        except HTTPError as err:
+            await self._error(None, err)
+            return
+        if not isinstance(obj, dict):
+            kind = "a list" if isinstance(obj, list) else type(obj).__name__
+            problem = f"a frame is a JSON object with 'id' and 'type'; got {kind}"
+            await self._error(None, HTTPError(400, problem))
+            return
+        cid = obj.get("id")
+        if isinstance(cid, bool) or not isinstance(cid, str | int):
+            cid = None
+        try:
+            frame = parse(WsFrame, obj)
+            body = dict(frame.model_extra or {})
+            if frame.type == "cancel":
+                self._cancel(frame.id)
+                return
+            if frame.id in self.in_flight:
+                raise HTTPError(
+                    400, f"id: {frame.id!r} is already in flight on this connection", param="id"
+                )
+            body.pop("stream", None)  # every WebSocket request streams
+            req = parse(GenerateRequest, body)
+            jobs, batch = native.build_jobs(self.front, req)
+            if batch:
+                raise HTTPError(
+                    400, "text: one prompt per frame (send one frame per prompt)", param="text"
+                )
+        except HTTPError as err:
+            await self._error(cid, err)
+            return
+        scope = trio.CancelScope()
+        self.in_flight[frame.id] = scope
+        nursery.start_soon(self._generate, frame.id, req, jobs, scope)
+
+    def _cancel(self, cid: str | int) -> None:
+        scope = self.in_flight.get(cid)
+        if scope is None:
+            raise HTTPError(
+                404, f"id: no request {cid!r} is in flight on this connection", param="id"
+            )
+        scope.cancel()
+
+    async def _generate(
+        self, cid: str | int, req: GenerateRequest, jobs: Any, scope: trio.CancelScope
+    ) -> None:
+        front = self.front
+        partial = Result(jobs[0].rid, [])
+
+        async def on_delta(i: int, delta: Delta, result: Result) -> None:
+            nonlocal partial
+            partial = result
+            frame: dict[str, Any] = {
+                "id": cid,
+                "type": "delta",
+                "index": delta.index,
+                "text": delta.text,
+                "output_ids": list(delta.output_ids),
+            }
+            if delta.finish_reason is not None:
+                frame["finish_reason"] = native.finish_reason(result.seqs[delta.index], None)
+            if delta.logprobs is not None:
+                frame["output_token_logprobs"] = [
+                    [lp, tok, None]
+                    for lp, tok in zip(delta.logprobs, delta.output_ids, strict=False)
+                ]
+            await self._frame(frame)
+
+        try:
+            with scope:
+                results = await run(front, jobs, on_delta)
+            if scope.cancelled_caught:
+                partial.aborted = "cancelled by the client"
+                results = [partial]
+            result = results[0]
+            meta = (
+                native.output(front, req, result, result.seqs[0], 0)["meta_info"]
+                if result.seqs
+                else {"id": result.rid}
+            )
+            meta["completion_tokens"] = result.completion_tokens
+            if scope.cancelled_caught:
+                meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
+            await self._frame({"id": cid, "type": "done", "meta_info": meta})
+        except HTTPError as err:
+            await self._error(cid, err)
+        finally:
+            del self.in_flight[cid]
+
+
+async def websocket(
+    front: Front, scope: Any, receive: Receive, send: Send, authorized: bool
+) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if not authorized:
+        await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
+        return
+    await send({"type": "websocket.accept"})
+    await Connection(front, send).serve(receive)

@@ -1,0 +1,77 @@
+"""Fixtures: the rt-serve on the default model that tests/http share, and a tiny
+checkpoint.
+
+Every test here is marked ``leaks_ok``: a shared rt-serve is a child of the
+test process across many tests, which the suite-wide leak check would report
+(and kill). Each server is checked instead when it stops: exit status 0, no
+actor process and no shared-memory segment left (``serverlib.Server.stop``),
+and the shared one is stopped after the directory's last test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from serverlib import Server, start_server
+
+HERE = Path(__file__).resolve().parent
+SHARED = pytest.StashKey[Server]()
+
+
+@pytest.fixture(scope="module")
+def default_server(request: pytest.FixtureRequest) -> Server:
+    """The shipped default model with default options, one for all of tests/http:
+    started by the first test that asks, stopped (and checked) by the hook below
+    after the directory's last test, so that it never outlives tests/http (a
+    session fixture would, and every later test would see it as a leak)."""
+    stash = request.config.stash
+    if SHARED not in stash:
+        stash[SHARED] = start_server()
+    return stash[SHARED]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.leaks_ok)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    stash = item.config.stash
+    leaving = nextitem is None or not nextitem.path.resolve().is_relative_to(HERE)
+    if leaving and SHARED in stash:
+        server = stash[SHARED]
+        del stash[SHARED]
+        code = server.stop()
+        tail = "\n".join(server.log[-40:])
+        assert code == 0, f"rt-serve exited with {code}:\n{tail}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama checkpoint with its own tokenizer (as tests/pipeline's)."""
+    import torch  # here, not at the top: only the tests that use it pay for the import
+    import transformers
+    from tiny_tokenizer import make_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(path)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.5,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path

@@ -1,0 +1,164 @@
+"""The API key, body size limit, queue limit (503), auto-truncation, and a
+client disconnecting mid-stream. One rt-serve with the null model (no
+forward pass) and 20 ms scheduler steps, so requests stay in flight."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from serverlib import SLOW_STEPS, Server, running_server, write_plan
+from trio_websocket import open_websocket_url
+
+KEY = "sekrit"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+BODY_LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    plan = write_plan(tmp_path_factory.mktemp("plan") / "slow.json", SLOW_STEPS)
+    with running_server(
+        "--load-format=null",
+        f"--fault-plan={plan}",
+        f"--api-key={KEY}",
+        "--max-running-requests=2",
+        "--max-queued-requests=2",
+        f"--max-body-size={BODY_LIMIT}",
+        "--allow-auto-truncate",
+    ) as s:
+        yield s
+
+
+def long_body(tokens: int, **extra: Any) -> dict[str, Any]:
+    params = {"max_new_tokens": tokens, "ignore_eos": True}
+    return {"text": "In the beginning", "sampling_params": params, **extra}
+
+
+def test_api_key_on_every_endpoint_but_health(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/health").status_code == 200
+        calls = [
+            ("GET", "/health_generate"),
+            ("GET", "/server_info"),
+            ("GET", "/metrics"),
+            ("GET", "/v1/models"),
+            ("GET", "/v1/models/default"),
+            ("GET", "/openapi.json"),
+            ("POST", "/generate"),
+            ("POST", "/v1/completions"),
+            ("POST", "/v1/chat/completions"),
+            ("POST", "/abort_request"),
+            ("POST", "/flush_cache"),
+        ]
+        for method, path in calls:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+                response = client.request(method, path, headers=headers, json={})
+                assert response.status_code == 401, (method, path, headers)
+                assert response.json()["error"]["code"] == "invalid_api_key"
+        assert client.get("/v1/models", headers=AUTH).status_code == 200
+        body = {"prompt": "x", "max_tokens": 2}
+        assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
+
+
+async def test_api_key_on_the_websocket(server: Server) -> None:
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    # By hand: trio-websocket's ConnectionRejected path leaves its socket open (a ResourceWarning).
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    async with stream:
+        await stream.send_all(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        with trio.fail_after(10):
+            status_line = await stream.receive_some(4096)
+    assert status_line.startswith(b"HTTP/1.1 403"), status_line
+    async with open_websocket_url(url, extra_headers=[("Authorization", f"Bearer {KEY}")]) as ws:
+        await ws.send_message(
+            json.dumps(
+                {"id": 1, "type": "generate", "text": "x", "sampling_params": {"max_new_tokens": 1}}
+            )
+        )
+        while json.loads(await ws.get_message())["type"] != "done":
+            pass
+        await ws.send_message("x" * (BODY_LIMIT + 1))
+        frame = json.loads(await ws.get_message())
+        assert frame["type"] == "error" and frame["status"] == 413
+
+
+def test_body_over_the_limit_is_413(server: Server) -> None:
+    body = {"text": "word " * (BODY_LIMIT // 4), "sampling_params": {"max_new_tokens": 1}}
+    response = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 413
+    assert str(BODY_LIMIT) in response.json()["error"]["message"]
+
+
+def test_a_prompt_over_the_context_is_truncated_when_allowed(server: Server) -> None:
+    body = {"text": "word " * 600, "sampling_params": {"max_new_tokens": 4}}
+    response = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["meta_info"]["prompt_tokens"] <= 512 - 4
+
+
+async def test_past_the_queue_limit_503_and_the_accepted_are_unaffected(server: Server) -> None:
+    async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
+        outputs: list[Any] = []
+
+        async def accepted() -> None:
+            async with client.stream("POST", "/generate", json=long_body(60, stream=True)) as r:
+                assert r.status_code == 200
+                events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+            outputs.append(json.loads(events[-2]))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):  # max_running_requests (2) + max_queued_requests (2)
+                nursery.start_soon(accepted)
+            with trio.fail_after(10):
+                while (await client.get("/server_info")).json()["requests_in_flight"] < 4:
+                    await trio.sleep(0.01)
+            refused = await client.post("/generate", json=long_body(4))
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "1"
+            assert "queue limit" in refused.json()["error"]["message"]
+            chat = await client.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+            )
+            assert chat.status_code == 503
+        assert [len(o["output_ids"]) for o in outputs] == [60] * 4
+        assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outputs)
+        assert (await client.post("/generate", json=long_body(2))).status_code == 200
+
+
+async def test_disconnect_mid_stream_frees_the_kv_at_once(server: Server) -> None:
+    async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
+        steps = (await client.get("/server_info")).json()["scheduler"]["steps"]
+        # By hand: httpx leaves its inner async generators to the garbage collector
+        # when a stream is left early (a ResourceWarning under trio).
+        body = json.dumps(long_body(400, stream=True)).encode()
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        async with stream:
+            await stream.send_all(
+                b"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (KEY.encode(), len(body), body)
+            )
+            received = b""
+            with trio.fail_after(30):
+                while received.count(b"data: ") < 3:
+                    received += await stream.receive_some(65536)
+        assert received.startswith(b"HTTP/1.1 200")
+        left_at = trio.current_time()
+        with trio.fail_after(10):  # the request alone would take 400 steps of 20 ms more
+            while True:
+                stats = (await client.get("/server_info")).json()["scheduler"]
+                if stats["steps"] > steps and stats["running"] == 0:
+                    break
+                await trio.sleep(0.02)
+        assert trio.current_time() - left_at < 4.0  # it had 7 s or more to go
+        assert stats["request_tokens"] == 0  # its KV is free
+        text = (await client.get("/metrics")).text
+        assert 'rt_aborted_requests_total{cause="cancelled"}' in text

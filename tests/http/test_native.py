@@ -1,0 +1,128 @@
+"""SGLang's native ``/generate`` against rt-serve on the default model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import httpx
+from serverlib import Server
+from tokenizers import Tokenizer
+
+import rt
+from rt.assets import default_model_path
+
+GREEDY = {"max_new_tokens": 16, "temperature": 0.0}
+
+
+def generate(server: Server, body: dict[str, Any]) -> Any:
+    response = httpx.post(f"{server.url}/generate", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def events(server: Server, body: dict[str, Any]) -> list[Any]:
+    """Every SSE event's data, parsed; the last must be [DONE]."""
+    out: list[Any] = []
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                out.append(line[6:])
+    assert out[-1] == "[DONE]"
+    return [json.loads(e) for e in out[:-1]]
+
+
+def test_text(default_server: Server) -> None:
+    out = generate(default_server, {"text": "And God said", "sampling_params": GREEDY})
+    assert out["text"] and len(out["output_ids"]) == 16
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 16}
+    assert meta["prompt_tokens"] > 0
+    assert meta["completion_tokens"] == 16
+    assert meta["e2e_latency"] > 0
+    assert isinstance(meta["id"], str)
+
+
+def test_input_ids_give_what_the_text_gives(default_server: Server) -> None:
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    ids = tokenizer.encode("And God said").ids
+    by_text = generate(default_server, {"text": "And God said", "sampling_params": GREEDY})
+    by_ids = generate(default_server, {"input_ids": ids, "sampling_params": GREEDY})
+    assert by_ids["meta_info"]["prompt_tokens"] == by_text["meta_info"]["prompt_tokens"]
+    assert by_ids["output_ids"] == by_text["output_ids"]
+
+
+def test_batch_gives_a_list_in_order(default_server: Server) -> None:
+    prompts = ["And God said", "In the beginning", "The LORD is"]
+    outs = generate(default_server, {"text": prompts, "sampling_params": GREEDY, "rid": "batch"})
+    assert [o["index"] for o in outs] == [0, 1, 2]
+    assert [o["meta_info"]["id"] for o in outs] == ["batch-0", "batch-1", "batch-2"]
+    for prompt, out in zip(prompts, outs, strict=True):
+        alone = generate(default_server, {"text": prompt, "sampling_params": GREEDY})
+        assert out["text"] == alone["text"]
+
+
+def test_n2_gives_a_list(default_server: Server) -> None:
+    params = {"max_new_tokens": 8, "n": 2, "seed": 5}
+    outs = generate(default_server, {"text": "And God said", "sampling_params": params})
+    assert [o["index"] for o in outs] == [0, 1]
+    assert outs[0]["output_ids"] != outs[1]["output_ids"]
+
+
+def test_stream(default_server: Server) -> None:
+    whole = generate(default_server, {"text": "And God said", "sampling_params": GREEDY})
+    streamed = events(
+        default_server, {"text": "And God said", "sampling_params": GREEDY, "stream": True}
+    )
+    texts = [e["text"] for e in streamed]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(texts))  # cumulative
+    assert texts[-1] == whole["text"]
+    assert streamed[-1]["output_ids"] == whole["output_ids"]
+    assert streamed[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 16}
+    assert all(e["meta_info"]["finish_reason"] is None for e in streamed[:-1])
+
+
+def test_batch_stream_carries_each_index(default_server: Server) -> None:
+    body = {"text": ["And God said", "In the"], "sampling_params": GREEDY, "stream": True}
+    streamed = events(default_server, body)
+    finals = {e["index"]: e for e in streamed if e["meta_info"]["finish_reason"]}
+    assert sorted(finals) == [0, 1]
+    whole = generate(
+        default_server, {"text": ["And God said", "In the"], "sampling_params": GREEDY}
+    )
+    assert [finals[i]["text"] for i in (0, 1)] == [o["text"] for o in whole]
+
+
+def test_logprobs(default_server: Server) -> None:
+    out = generate(
+        default_server,
+        {
+            "text": "And God said",
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0.0},
+            "return_logprob": True,
+            "top_logprobs_num": 3,
+            "return_text_in_logprobs": True,
+        },
+    )
+    chosen = out["meta_info"]["output_token_logprobs"]
+    top = out["meta_info"]["output_top_logprobs"]
+    assert [t[1] for t in chosen] == out["output_ids"]
+    assert "".join(t[2] for t in chosen) == out["text"]
+    assert all(len(t) == 3 for t in top)
+    assert [t[0][1] for t in top] == out["output_ids"]  # greedy: each chosen token is the best
+
+
+async def test_greedy_output_equals_open_engines(default_server: Server) -> None:
+    prompts = ["And God said", "In the beginning God created", "Blessed are"]
+    served = [
+        generate(default_server, {"text": p, "sampling_params": {**GREEDY, "max_new_tokens": 24}})
+        for p in prompts
+    ]
+    async with rt.open_engine() as engine:
+        for prompt, out in zip(prompts, served, strict=True):
+            direct = await engine.generate(prompt, max_new_tokens=24, temperature=0.0)
+            assert list(direct.output_ids) == out["output_ids"]
+            assert direct.text == out["text"]

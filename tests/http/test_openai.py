@@ -1,0 +1,168 @@
+"""The OpenAI API through the official ``openai`` client, against rt-serve on
+the default model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+from serverlib import Server
+
+MESSAGES = [{"role": "user", "content": "And God said"}]
+
+
+@pytest.fixture(scope="module")
+def client(default_server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+def model_id(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def test_models_list_and_retrieve(client: openai.OpenAI) -> None:
+    models = client.models.list().data
+    assert len(models) == 1
+    card = models[0].model_dump()
+    assert card["max_model_len"] == 512
+    assert card["root"].endswith("default_model")
+    assert client.models.retrieve(card["id"]).id == card["id"]
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("no-such-model")
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=model_id(client), messages=MESSAGES, max_tokens=8, temperature=0.0
+    )
+    assert out.object == "chat.completion"
+    choice = out.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("length", "stop")
+    assert out.usage is not None
+    assert out.usage.prompt_tokens > 0
+    assert 0 < out.usage.completion_tokens <= 8
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+def test_chat_stream_with_usage_in_the_last_chunk(client: openai.OpenAI) -> None:
+    kwargs = {"model": model_id(client), "messages": MESSAGES, "max_tokens": 12, "seed": 3}
+    whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    chunks = list(
+        client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        )  # type: ignore[call-overload]
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content  # the same seed: the same sample
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert all(c.usage is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == []
+    assert last.usage is not None
+    assert last.usage.completion_tokens == 12
+    assert last.usage.prompt_tokens == whole.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_chat_n2_draws_each_sample_from_its_own_seed(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=model_id(client), messages=MESSAGES, max_tokens=16, n=2, seed=11, temperature=1.0
+    )
+    assert [c.index for c in out.choices] == [0, 1]
+    assert out.choices[0].message.content != out.choices[1].message.content
+    again = client.chat.completions.create(
+        model=model_id(client), messages=MESSAGES, max_tokens=16, n=2, seed=11, temperature=1.0
+    )
+    assert [c.message.content for c in again.choices] == [c.message.content for c in out.choices]
+
+
+def test_chat_logprobs(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=model_id(client),
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = out.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 4
+    assert "".join(t.token for t in content) == out.choices[0].message.content
+    for token in content:
+        assert len(token.top_logprobs) == 2
+        assert token.logprob == pytest.approx(token.top_logprobs[0].logprob)  # greedy: the best
+
+
+def test_completion_stop_and_echo(client: openai.OpenAI) -> None:
+    base = client.completions.create(
+        model=model_id(client), prompt="And God said", max_tokens=16, temperature=0.0
+    )
+    text = base.choices[0].text
+    stop = text.split()[2]  # a word from the middle of the greedy text
+    out = client.completions.create(
+        model=model_id(client), prompt="And God said", max_tokens=16, temperature=0.0, stop=stop
+    )
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == text[: text.index(stop)]
+    echoed = client.completions.create(
+        model=model_id(client), prompt="And God said", max_tokens=4, temperature=0.0, echo=True
+    )
+    assert echoed.choices[0].text.startswith("And God said" + text[:3])
+
+
+def test_completion_list_prompt_n2_is_prompt_major(client: openai.OpenAI) -> None:
+    prompts = ["And God said", "In the beginning"]
+    out = client.completions.create(
+        model=model_id(client), prompt=prompts, max_tokens=4, n=2, temperature=0.0
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    singles = [
+        client.completions.create(model=model_id(client), prompt=p, max_tokens=4, temperature=0.0)
+        for p in prompts
+    ]
+    texts = [c.text for c in out.choices]
+    assert texts == [singles[0].choices[0].text] * 2 + [singles[1].choices[0].text] * 2
+    assert out.usage is not None
+    assert out.usage.completion_tokens == 16
+
+
+def test_completion_stream_and_logprobs(client: openai.OpenAI) -> None:
+    kwargs = {"model": model_id(client), "prompt": "In the beginning", "max_tokens": 6}
+    whole = client.completions.create(**kwargs, temperature=0.0, logprobs=1)  # type: ignore[call-overload]
+    chunks = list(
+        client.completions.create(**kwargs, temperature=0.0, logprobs=1, stream=True)  # type: ignore[call-overload]
+    )
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and len(logprobs.tokens or []) == 6
+    streamed = [lp for c in chunks for lp in (c.choices[0].logprobs.token_logprobs or [])]  # type: ignore[union-attr]
+    assert streamed == pytest.approx(logprobs.token_logprobs)
+
+
+def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
+    model = model_id(client)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=model, messages=MESSAGES, temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=model, prompt="x", max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="allow_auto_truncate") as err:
+        client.completions.create(model=model, prompt="word " * 600, max_tokens=4)
+    assert err.value.code == "context_length_exceeded"
+    assert set(err.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model=model, messages=[])
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        client.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            tools=[{"type": "function", "function": {"name": "f"}}],
+        )
+    with pytest.raises(openai.BadRequestError, match="unknown field"):
+        client.completions.create(model=model, prompt="x", extra_body={"temprature": 0.5})

@@ -1,0 +1,71 @@
+"""Request validation messages (no server): each names the field, says what
+was expected and what arrived; and what rt.http exports."""
+
+from __future__ import annotations
+
+import pytest
+
+import rt.http
+from rt.http.asgi import HTTPError
+from rt.http.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest, parse
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "param", "message"),
+    [
+        (GenerateRequest, b"[1]", None, "the body must be a JSON object, got list [1]"),
+        (GenerateRequest, b'{"text": ', None, "the body is not valid JSON: Expecting value"),
+        (
+            GenerateRequest,
+            b'{"text": "x", "sampling_params": {"temperature": "hot"}}',
+            "sampling_params.temperature",
+            "sampling_params.temperature: input should be a valid number (got 'hot')",
+        ),
+        (
+            GenerateRequest,
+            b'{"text": "x", "sampling_params": [{"n": 2.5}]}',
+            "sampling_params[0].n",
+            "sampling_params[0].n: input should be a valid integer (got 2.5)",
+        ),
+        (
+            GenerateRequest,
+            b'{"text": "x", "sampling_params": {"tempreature": 1}}',
+            "sampling_params.tempreature",
+            "sampling_params.tempreature: unknown field (got 1)",
+        ),
+        (
+            CompletionRequest,
+            b'{"prompt": [1, "a"]}',
+            "prompt",
+            "prompt: expected str or list[str] or list[int] or list[list[int]]; got list [1, 'a']",
+        ),
+        (CompletionRequest, b"{}", "prompt", "prompt: this field is required"),
+        (
+            CompletionRequest,
+            b'{"prompt": "x", "stream": 1}',
+            "stream",
+            "stream: input should be a valid boolean (got 1)",
+        ),
+        (
+            ChatCompletionRequest,
+            b'{"messages": [{"role": "user", "content": 3}]}',
+            "messages[0].content",
+            "messages[0].content: expected str or list[any]; got 3",
+        ),
+    ],
+)
+def test_messages_name_the_field(model: type, body: bytes, param: str | None, message: str) -> None:
+    with pytest.raises(HTTPError) as err:
+        parse(model, body)
+    assert err.value.status == 400
+    assert err.value.param == param
+    assert err.value.message.startswith(message)
+
+
+def test_a_lone_surrogate_passes_to_the_engine_which_names_it() -> None:
+    # The standard library keeps the escape; the engine then refuses the text by position.
+    assert parse(GenerateRequest, b'{"text": "a\\ud800"}').text == "a\ud800"
+
+
+def test_rt_http_exports() -> None:
+    assert sorted(rt.http.__all__) == ["App", "Front", "Settings", "serve"]

@@ -1,0 +1,138 @@
+"""The rt-serve command: its flags, and SIGTERM/SIGINT (503 for new requests,
+the requests in flight finish, exit 0, nothing left behind)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from serverlib import SLOW_STEPS, alive, children_of, start_server, write_plan
+
+from rt.config import EngineOptions
+from rt.serve import ENGINE_FLAGS, SWITCHES, build_parser, main
+
+SGLANG_FLAGS = [
+    "--model-path",
+    "--tokenizer-path",
+    "--host",
+    "--port",
+    "--device",
+    "--dtype",
+    "--context-length",
+    "--max-running-requests",
+    "--max-total-tokens",
+    "--page-size",
+    "--chunked-prefill-size",
+    "--schedule-policy",
+    "--tokenizer-worker-num",
+    "--api-key",
+    "--served-model-name",
+    "--log-level",
+    "--watchdog-timeout",
+    "--attention-backend",
+    "--fault-plan",
+    "--allow-auto-truncate",
+]
+
+
+def test_help_documents_every_flag_and_every_engine_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for flag in SGLANG_FLAGS:
+        assert flag in text, flag
+    covered = {f.option for f in ENGINE_FLAGS} | {option for option, _, _ in SWITCHES.values()}
+    assert covered == set(EngineOptions.model_fields)  # a new engine option needs its flag
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
+
+
+@pytest.mark.parametrize(
+    "argv", [["--page-size", "0"], ["--dtype", "int3"], ["--max-body-size", "0"], ["--bogus"]]
+)
+def test_a_bad_flag_exits_2_with_a_message(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert argv[0].lstrip("-").split("-")[0] in capsys.readouterr().err
+
+
+@pytest.mark.slow
+async def test_sigterm_refuses_new_requests_drains_and_exits_0(tmp_path: Path) -> None:
+    sig = signal.SIGTERM  # SIGINT takes the same path in the engine; it is sent at start-up below
+    plan = write_plan(tmp_path / "slow.json", SLOW_STEPS)
+    server = start_server("--load-format=null", f"--fault-plan={plan}", "--drain-timeout=60")
+    try:
+        body = {
+            "text": "x",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 100, "ignore_eos": True},
+        }
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            events = []
+            async with client.stream("POST", "/generate", json=body) as response:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    events.append(line[6:])
+                    if len(events) == 1:
+                        server.proc.send_signal(sig)
+                        with trio.fail_after(10):
+                            while (await client.get("/health")).status_code != 503:
+                                await trio.sleep(0.02)
+                        refused = await client.post("/generate", json={"text": "y"})
+                        assert refused.status_code == 503
+                        assert "shutting down" in refused.json()["error"]["message"]
+        assert events[-1] == "[DONE]"
+        assert len(json.loads(events[-2])["output_ids"]) == 100
+    finally:
+        code = server.stop()
+    assert code == 0
+    assert any(f"stopped by {signal.Signals(sig).name}" in line for line in server.log), server.log[
+        -5:
+    ]
+
+
+@pytest.mark.slow
+def test_a_signal_during_start_up_stops_cleanly() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rt.serve", "--port", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        log = []
+        for line in proc.stderr:
+            log.append(line)
+            if "ready" in line and "actor" in line:  # the first actor is up, the others start
+                break
+        children = children_of(proc.pid)
+        assert children
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, "".join(log) + err
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in children if alive(pid)]
+    assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{proc.pid}_")]

@@ -1,0 +1,179 @@
+"""``/ws``: many generations on one WebSocket, cancellation, bad frames."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+from serverlib import Server
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+SUBJECTS = ("LORD", "God", "king", "man", "woman", "priest", "people", "angel")
+PLACES = ("beginning", "day", "night", "land", "house", "city", "temple", "field")
+PROMPTS = [f"And the {s} said" for s in SUBJECTS] + [f"In the {p}" for p in PLACES]
+
+
+async def receive(ws: WebSocketConnection) -> dict[str, Any]:
+    with trio.fail_after(60):
+        frame: dict[str, Any] = json.loads(await ws.get_message())
+    return frame
+
+
+async def scheduler_idle_after(server: Server, steps: int) -> dict[str, Any]:
+    """The scheduler's first idle report after step ``steps`` (it reports when idle)."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        with trio.fail_after(20):
+            while True:
+                stats = (await client.get("/server_info")).json()["scheduler"]
+                if stats is not None and stats["steps"] > steps:
+                    return dict(stats)
+                await trio.sleep(0.05)
+
+
+async def test_16_requests_on_one_connection_one_cancelled(default_server: Server) -> None:
+    greedy = {"max_new_tokens": 24, "temperature": 0.0}
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
+        expected = (
+            await client.post("/generate", json={"text": PROMPTS, "sampling_params": greedy})
+        ).json()
+        steps_before = (await client.get("/server_info")).json()["scheduler"]["steps"]
+    victim = 5
+    texts: dict[int, str] = {i: "" for i in range(16)}
+    done: dict[int, dict[str, Any]] = {}
+    async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
+        for i, prompt in enumerate(PROMPTS):
+            params = (
+                {"max_new_tokens": 400, "temperature": 0.0, "ignore_eos": True}
+                if i == victim
+                else greedy
+            )
+            await ws.send_message(
+                json.dumps({"id": i, "type": "generate", "text": prompt, "sampling_params": params})
+            )
+        cancelled = False
+        while len(done) < 16:
+            frame = await receive(ws)
+            assert frame["type"] in ("delta", "done"), frame
+            if frame["type"] == "delta":
+                texts[frame["id"]] += frame["text"]
+                if frame["id"] == victim and not cancelled:
+                    cancelled = True
+                    await ws.send_message(json.dumps({"id": victim, "type": "cancel"}))
+            else:
+                done[frame["id"]] = frame["meta_info"]
+    assert done[victim]["finish_reason"]["type"] == "abort"
+    assert 0 < done[victim]["completion_tokens"] < 400
+    for i in range(16):
+        if i != victim:
+            assert texts[i] == expected[i]["text"], i
+            assert done[i]["finish_reason"] == {"type": "length", "length": 24}
+    stats = await scheduler_idle_after(default_server, steps_before)
+    assert stats["running"] == stats["waiting"] == 0
+    assert stats["request_tokens"] == 0  # the cancelled request's KV is free
+
+
+async def test_bad_frames_get_error_frames_and_the_connection_lives(default_server: Server) -> None:
+    async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
+        await ws.send_message(
+            json.dumps(
+                {
+                    "id": "long",
+                    "type": "generate",
+                    "text": "In the",
+                    "sampling_params": {"max_new_tokens": 48},
+                }
+            )
+        )
+        bad: list[tuple[str | bytes, Any, str]] = [
+            ("this is not json", None, "JSON"),
+            ("[1, 2]", None, ""),
+            (b"\xff\xfe", None, "JSON"),
+            (json.dumps({"id": "a"}), "a", "type"),
+            (json.dumps({"id": "b", "type": "sing"}), "b", "type"),
+            (json.dumps({"id": "c", "type": "generate"}), "c", "text"),
+            (
+                json.dumps(
+                    {
+                        "id": "d",
+                        "type": "generate",
+                        "text": "x",
+                        "sampling_params": {"temperature": "hot"},
+                    }
+                ),
+                "d",
+                "temperature",
+            ),
+            (
+                json.dumps(
+                    {
+                        "id": "e",
+                        "type": "generate",
+                        "text": "x",
+                        "sampling_params": {"max_new_tokens": 0},
+                    }
+                ),
+                "e",
+                "max_new_tokens",
+            ),
+            (json.dumps({"id": "f", "type": "generate", "text": "x", "bogus": 1}), "f", "bogus"),
+            (json.dumps({"id": "g", "type": "cancel"}), "g", "in flight"),
+            (
+                json.dumps({"id": "long", "type": "generate", "text": "x"}),
+                "long",
+                "already in flight",
+            ),
+            (json.dumps({"id": "h", "type": "generate", "text": "word " * 600}), "h", "context"),
+            ('{"id": "i", "type": "generate", "text": "\\ud800"}', "i", "surrogate"),
+        ]
+        for frame, _, _ in bad:
+            await ws.send_message(frame)
+        errors: list[dict[str, Any]] = []
+        long_done = None
+        while len(errors) < len(bad) or long_done is None:
+            frame = await receive(ws)
+            if frame["type"] == "error":
+                errors.append(frame)
+            elif frame["type"] == "done":
+                long_done = frame
+        assert long_done["id"] == "long"
+        assert long_done["meta_info"]["finish_reason"]["type"] == "length"
+        by_id: dict[Any, list[dict[str, Any]]] = {}
+        for e in errors:
+            assert 400 <= e["status"] < 500, e
+            by_id.setdefault(e["id"], []).append(e)
+        for _, cid, needle in bad:
+            assert any(needle in e["message"] for e in by_id[cid]), (cid, needle, by_id.get(cid))
+        await ws.send_message(
+            json.dumps(
+                {
+                    "id": "after",
+                    "type": "generate",
+                    "text": "In the",
+                    "sampling_params": {"max_new_tokens": 2},
+                }
+            )
+        )
+        frames = [await receive(ws) for _ in range(3)]
+        assert frames[-1]["type"] == "done" and frames[-1]["id"] == "after"
+
+
+async def test_closing_the_socket_aborts_its_requests(default_server: Server) -> None:
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
+        steps = (await client.get("/server_info")).json()["scheduler"]["steps"]
+    params = {"max_new_tokens": 400, "ignore_eos": True}
+    async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
+        for i in range(2):
+            await ws.send_message(
+                json.dumps(
+                    {"id": i, "type": "generate", "text": PROMPTS[i], "sampling_params": params}
+                )
+            )
+        for _ in range(4):
+            assert (await receive(ws))["type"] == "delta"
+    left_at = trio.current_time()
+    stats = await scheduler_idle_after(default_server, steps)
+    assert trio.current_time() - left_at < 5.0  # 400 tokens would take far longer
+    assert stats["running"] == 0
+    assert stats["request_tokens"] == 0

@@ -1,0 +1,656 @@
+"""Load generator for OpenAI-compatible servers: rt-serve, `transformers serve`, any other.
+
+N requests with given input and output lengths (fixed, or uniform in
+[ratio × len, len]), sent at a request rate (Poisson arrivals) and/or at most
+C at a time, every one streamed, over one or more transports:
+
+  * openai: POST /v1/completions with "stream": true (SSE); any server;
+  * ws:     rt's GET /ws, every request on one connection (rt.client);
+  * engine: rt's trio API in this process (rt.open_engine), no HTTP at all:
+            openai or ws against engine is what the front costs.
+
+Reports request throughput, input and output token throughput, TTFT,
+inter-token latency (ITL: the gap between two chunks that carry tokens),
+TPOT ((e2e - TTFT) / (output tokens - 1), per request) and e2e latency, as
+mean, p50 and p99; and step→client where the chunks say when the scheduler
+produced them (the engine's do; a server's SSE chunk or WebSocket frame does
+if it carries ``stepped_at``, a time.monotonic() of the server's machine).
+
+    python tools/bench_serving.py --launch rt,transformers --max-concurrency 1,16,64
+    python tools/bench_serving.py --url http://127.0.0.1:30000 --request-rate 8 --json
+    python tools/bench_serving.py --launch rt --backend openai,ws,engine --max-concurrency 256 \\
+        --rt-option load_format=null --rt-option max_running_requests=512
+
+``--launch`` starts each server on a free port of 127.0.0.1 and stops it after;
+``transformers serve`` needs ``pip install fastapi uvicorn accelerate``. On a
+small shared machine, ``--torch-threads 1`` keeps torch's threads from spinning
+against each other (it sets OMP_NUM_THREADS for every process the tool starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# ---- the requests (pure) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    prompt: str
+    prompt_len: int  # tokens, as this tool's tokenizer counts them (no special tokens)
+    output_len: int
+
+
+def sample_lengths(n: int, length: int, range_ratio: float, rng: random.Random) -> list[int]:
+    """``n`` lengths uniform in [round(length × range_ratio), length]; all
+    ``length`` when ``range_ratio`` is 1."""
+    if not 0 < range_ratio <= 1:
+        raise ValueError(f"range_ratio must be in (0, 1], got {range_ratio}")
+    low = max(1, round(length * range_ratio))
+    return [rng.randint(low, length) for _ in range(n)]
+
+
+def fit_prompt(
+    ids: Sequence[int], encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]
+) -> tuple[str, int]:
+    """A text that encodes to at most ``len(ids)`` tokens, and its length:
+    random ids decoded then encoded again merge and split, so trim and retry."""
+    target, text = len(ids), decode(list(ids))
+    for _ in range(4):
+        again = encode(text)
+        if len(again) <= target:
+            return text, len(again)
+        text = decode(again[:target])
+    return text, len(encode(text))
+
+
+def make_requests(
+    n: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    seed: int,
+    vocab: Sequence[int],
+    encode: Callable[[str], list[int]],
+    decode: Callable[[list[int]], str],
+) -> list[RequestSpec]:
+    """Prompts of random tokens from ``vocab`` (no prefix shared by design)."""
+    rng = random.Random(seed)
+    inputs = sample_lengths(n, input_len, range_ratio, rng)
+    outputs = sample_lengths(n, output_len, range_ratio, rng)
+    specs = []
+    for in_len, out_len in zip(inputs, outputs, strict=True):
+        text, actual = fit_prompt([rng.choice(vocab) for _ in range(in_len)], encode, decode)
+        specs.append(RequestSpec(text, actual, out_len))
+    return specs
+
+
+def arrival_offsets(n: int, rate: float, rng: random.Random) -> list[float]:
+    """When each request is sent, in seconds from the start: a Poisson process
+    of ``rate`` requests/s (exponential gaps, the first at 0); all at 0 when
+    ``rate`` is infinite."""
+    if rate <= 0:
+        raise ValueError(f"request rate must be > 0, got {rate}")
+    if math.isinf(rate):
+        return [0.0] * n
+    out, t = [], 0.0
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def completion_body(
+    flavor: str, model: str | None, spec: RequestSpec, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The /v1/completions body. Every flavor asks for exactly ``output_len``
+    tokens in its server's own way: ``rt`` (also vLLM's and SGLang's) with
+    ``ignore_eos``; ``transformers`` with a generation config (its server
+    refuses fields it does not know, 422); ``plain`` (the OpenAI API) cannot,
+    and a request may end early at EOS."""
+    body: dict[str, Any] = {"prompt": spec.prompt, "max_tokens": spec.output_len, "stream": True}
+    if model is not None:
+        body["model"] = model
+    if flavor == "rt":
+        body.update(temperature=0.0, ignore_eos=True, stream_options={"include_usage": True})
+    elif flavor == "transformers":
+        config = {"max_new_tokens": spec.output_len, "min_new_tokens": spec.output_len}
+        body["generation_config"] = json.dumps({**config, "do_sample": False})
+    elif flavor == "plain":
+        body.update(temperature=0.0, stream_options={"include_usage": True})
+    else:
+        raise ValueError(f"flavor must be rt, transformers or plain, got {flavor!r}")
+    return {**body, **extra}
+
+
+@dataclass(frozen=True)
+class Workload:
+    specs: list[RequestSpec]  # measured
+    warmup: list[RequestSpec]  # other prompts, sent before each run, not measured
+    warmup_count: int | None  # None: as many as the run's concurrency
+    rate: float
+    seed: int
+
+
+def sse_data(line: str) -> str | None:
+    """The payload of an SSE ``data:`` line; None for any other line."""
+    if not line.startswith("data:"):
+        return None
+    return line[5:].lstrip(" ")
+
+
+# ---- what one request did, and the summary (pure) --------------------------------
+
+
+@dataclass
+class Record:
+    """One request's timings (seconds, ``time.perf_counter``) and token counts."""
+
+    prompt_tokens: int
+    start: float = 0.0
+    output_tokens: int = 0
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)  # gaps between chunks that carry tokens
+    latency: float = 0.0
+    step_to_client: list[float] = field(default_factory=list)
+    error: str | None = None
+    _last: float = 0.0
+
+    def chunk(self, now: float) -> None:
+        if self.ttft is None:
+            self.ttft = now - self.start
+        else:
+            self.itl.append(now - self._last)
+        self._last = now
+
+    def finish(self, now: float) -> None:
+        self.latency = now - self.start
+
+
+def describe(seconds: Sequence[float]) -> dict[str, float] | None:
+    """mean, p50 and p99 in milliseconds; None for no values."""
+    if not seconds:
+        return None
+    ms = np.asarray(seconds, dtype=np.float64) * 1e3
+    return {
+        "mean": float(ms.mean()),
+        "p50": float(np.percentile(ms, 50)),
+        "p99": float(np.percentile(ms, 99)),
+    }
+
+
+def summarize(records: Sequence[Record], duration: float) -> dict[str, Any]:
+    """The figures of one run. Throughputs count completed requests only."""
+    ok = [r for r in records if r.error is None]
+    duration = max(duration, 1e-9)
+    tpot = [
+        (r.latency - r.ttft) / (r.output_tokens - 1)
+        for r in ok
+        if r.ttft is not None and r.output_tokens > 1
+    ]
+    return {
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": sum(r.prompt_tokens for r in ok) / duration,
+        "output_throughput": sum(r.output_tokens for r in ok) / duration,
+        "total_input_tokens": sum(r.prompt_tokens for r in ok),
+        "total_output_tokens": sum(r.output_tokens for r in ok),
+        "ttft_ms": describe([r.ttft for r in ok if r.ttft is not None]),
+        "itl_ms": describe([gap for r in ok for gap in r.itl]),
+        "tpot_ms": describe(tpot),
+        "e2e_ms": describe([r.latency for r in ok]),
+        "step_to_client_ms": describe([s for r in ok for s in r.step_to_client]),
+        "errors": sorted({r.error for r in records if r.error})[:5],
+    }
+
+
+# ---- the transports (thin trio shells) --------------------------------------------
+
+Send = Callable[[RequestSpec], Awaitable[Record]]
+
+
+def _stepped(record: Record, obj: dict[str, Any]) -> None:
+    stepped_at = obj.get("stepped_at")
+    if isinstance(stepped_at, int | float) and stepped_at > 0:
+        record.step_to_client.append(time.monotonic() - stepped_at)
+
+
+async def openai_request(
+    http: Any, url: str, body: dict[str, Any], spec: RequestSpec, count: Callable[[str], int]
+) -> Record:
+    import httpx
+
+    record = Record(spec.prompt_len, start=time.perf_counter())
+    texts: list[str] = []
+    usage: dict[str, Any] | None = None
+    try:
+        async with http.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                said = (await response.aread())[:300].decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {said}"
+                return record
+            async for line in response.aiter_lines():
+                data = sse_data(line)
+                if data is None:
+                    continue
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    record.error = f"error event: {str(chunk['error'])[:300]}"
+                    return record
+                text = "".join(c.get("text") or "" for c in chunk.get("choices") or ())
+                if text:
+                    record.chunk(time.perf_counter())
+                    texts.append(text)
+                    _stepped(record, chunk)
+                usage = chunk.get("usage") or usage
+    except httpx.HTTPError as err:
+        record.error = f"{type(err).__name__}: {err}"
+        return record
+    record.finish(time.perf_counter())
+    if usage:
+        record.output_tokens = int(usage["completion_tokens"])
+        record.prompt_tokens = int(usage.get("prompt_tokens", record.prompt_tokens))
+    else:  # no usage: count what came back with this tool's tokenizer
+        record.output_tokens = count("".join(texts))
+    return record
+
+
+async def ws_request(client: Any, spec: RequestSpec) -> Record:
+    from rt import errors
+
+    record = Record(spec.prompt_len, start=time.perf_counter())
+    params = {"max_new_tokens": spec.output_len, "ignore_eos": True, "temperature": 0.0}
+    stream = client.stream(spec.prompt, sampling_params=params)
+    try:
+        async for delta in stream:
+            if delta.output_ids:
+                record.chunk(time.perf_counter())
+                record.output_tokens += len(delta.output_ids)
+                _stepped(record, delta.frame)
+    except errors.RtError as err:
+        record.error = f"{type(err).__name__}: {err}"
+        return record
+    record.finish(time.perf_counter())
+    record.prompt_tokens = int((stream.meta_info or {}).get("prompt_tokens", spec.prompt_len))
+    return record
+
+
+async def engine_request(engine: Any, spec: RequestSpec) -> Record:
+    from rt import errors
+
+    record = Record(spec.prompt_len, start=time.perf_counter())
+    try:
+        async for chunk in engine.stream(
+            spec.prompt, max_new_tokens=spec.output_len, ignore_eos=True, temperature=0.0
+        ):
+            if chunk.output_ids:
+                record.chunk(time.perf_counter())
+                record.output_tokens += len(chunk.output_ids)
+                if chunk.stepped_at:  # 0.0: replayed, no step behind it
+                    record.step_to_client.append(time.monotonic() - chunk.stepped_at)
+    except errors.RtError as err:
+        record.error = f"{type(err).__name__}: {err}"
+        return record
+    record.finish(time.perf_counter())
+    return record
+
+
+async def run_load(
+    specs: Sequence[RequestSpec], send: Send, rate: float, max_concurrency: int | None, seed: int
+) -> dict[str, Any]:
+    """Send every spec at its arrival time, at most ``max_concurrency`` at once."""
+    import trio
+
+    offsets = arrival_offsets(len(specs), rate, random.Random(seed))
+    limit = trio.Semaphore(max_concurrency) if max_concurrency else None
+    records: list[Record | None] = [None] * len(specs)
+
+    async def one(i: int, start: float) -> None:
+        await trio.sleep_until(start + offsets[i])
+        if limit is None:
+            records[i] = await send(specs[i])
+            return
+        async with limit:
+            records[i] = await send(specs[i])
+
+    began = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(len(specs)):
+            nursery.start_soon(one, i, trio.current_time())
+    return summarize([r for r in records if r is not None], time.perf_counter() - began)
+
+
+# ---- servers --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def option_flags(options: dict[str, Any], names: dict[str, str]) -> list[str]:
+    """Engine options as rt-serve flags: ``load_format="null"`` → ``--load-format null``.
+    ``names`` maps the options whose flag is not the option's own name
+    (``seed`` → ``--random-seed``); a False switch is left out."""
+    flags = []
+    for key, value in options.items():
+        flag = names.get(key, "--" + key.replace("_", "-"))
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return flags
+
+
+def rt_serve_flag_names() -> dict[str, str]:
+    from rt import serve
+
+    return {flag.option: flag.name for flag in getattr(serve, "ENGINE_FLAGS", ())}
+
+
+def server_command(kind: str, port: int, model_path: str, rt_options: dict[str, Any]) -> list[str]:
+    host = ["--host", "127.0.0.1", "--port", str(port)]
+    if kind == "rt":
+        flags = [*host, "--model-path", model_path]
+        flags += option_flags(rt_options, rt_serve_flag_names())
+        return [sys.executable, "-m", "rt.serve", *flags]
+    if kind == "transformers":
+        cli = str(Path(sys.executable).with_name("transformers"))
+        return [cli, "serve", "--continuous-batching", *host, "--log-level", "error", model_path]
+    raise ValueError(f"--launch takes rt or transformers, got {kind!r}")
+
+
+@contextmanager
+def launched(
+    command: list[str], port: int, timeout: float, headers: dict[str, str]
+) -> Iterator[str]:
+    """Run a server until it answers ``GET /health`` with 200; yield its URL;
+    stop it (SIGTERM, then SIGKILL after 30 s)."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    said = log.read().decode(errors="replace")[-3000:]
+                    raise SystemExit(
+                        f"{shlex.join(command)} exited with {proc.returncode}:\n{said}"
+                    )
+                try:
+                    if httpx.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{shlex.join(command)}: not healthy within {timeout:g} s")
+                time.sleep(0.25)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def served_model(url: str, headers: dict[str, str]) -> str | None:
+    import httpx
+
+    try:
+        models = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).json()
+        return str(models["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+# ---- one server or engine, every concurrency ----------------------------------------
+
+
+async def bench_http(
+    args: argparse.Namespace,
+    url: str,
+    backend: str,
+    body: Callable[[RequestSpec], Any],
+    load: Workload,
+) -> list[dict[str, Any]]:
+    import httpx
+
+    from rt.client import connect
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    out = []
+    async with httpx.AsyncClient(timeout=None, limits=limits, headers=headers) as http:
+        for concurrency in args.max_concurrency:
+            if backend == "ws":
+                async with connect(url, api_key=args.api_key) as client:
+                    out.append(await measure(load, partial(ws_request, client), concurrency))
+                continue
+
+            async def send(spec: RequestSpec) -> Record:
+                endpoint = f"{url}/v1/completions"
+                return await openai_request(http, endpoint, body(spec), spec, args.count_tokens)
+
+            out.append(await measure(load, send, concurrency))
+    return out
+
+
+async def bench_engine(args: argparse.Namespace, load: Workload) -> list[dict[str, Any]]:
+    import rt
+
+    async with rt.open_engine(args.model_path, **args.rt_options) as engine:
+        send = partial(engine_request, engine)
+        return [await measure(load, send, c) for c in args.max_concurrency]
+
+
+async def measure(load: Workload, send: Send, concurrency: int) -> dict[str, Any]:
+    # A full batch first, of other prompts (no cache hits): the first steps of a
+    # server at a batch size it has not run yet can be many times slower.
+    warmup = load.warmup[: concurrency or None] if load.warmup_count is None else load.warmup
+    warm = await run_load(warmup, send, math.inf, concurrency or None, load.seed)
+    cpu = time.process_time()
+    result = await run_load(load.specs, send, load.rate, concurrency or None, load.seed)
+    # This process's CPU share of the run: near 100 %, the client is the bottleneck.
+    # (For the engine backend it includes rt's frontend, which runs in this process.)
+    result["client_cpu_percent"] = 100 * (time.process_time() - cpu) / result["duration_s"]
+    result["warmup_failed"] = warm["failed"]
+    result["errors"] += [f"(warm-up) {e}" for e in warm["errors"]]
+    return {"max_concurrency": concurrency or None, "request_rate": load.rate, **result}
+
+
+# ---- the command ------------------------------------------------------------------
+
+
+def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; a value is an int, a float, true/false, or a string."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--rt-option takes KEY=VALUE, got {pair!r}")
+        value: Any = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(raw)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    return out
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = p.add_argument
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--url", help="a running server, e.g. http://127.0.0.1:30000")
+    where.add_argument("--launch", default="", help="servers to start in turn: rt,transformers")
+    add("--backend", default="openai", help="openai, ws, engine or a list (openai,ws,engine)")
+    add("--flavor", choices=["rt", "transformers", "plain"], help="default: from --launch, or rt")
+    add("--model-path", help="to launch and tokenize with (default: rt's shipped model)")
+    add("--model-name", help="the body's model (default: the first of GET /v1/models)")
+    add("--rt-option", action="append", default=[], metavar="KEY=VALUE",
+        help="an engine option, for open_engine and as an rt-serve flag: load_format=null")  # fmt: skip
+    add("--extra-body", type=json.loads, default={}, help="JSON merged into each completion body")
+    add("--api-key")
+    add("--num-prompts", type=int, default=200)
+    add("--input-len", type=int, default=128)
+    add("--output-len", type=int, default=64)
+    add("--range-ratio", type=float, default=1.0, help="lengths in [ratio × len, len]; 1: fixed")
+    add("--request-rate", type=float, default=math.inf, help="req/s, Poisson (default: inf)")
+    add("--max-concurrency", default="0", help="a limit, or a list run in turn (1,16,64); 0: none")
+    add("--warmup", type=int, help="requests before each run, not measured (default: conc)")
+    add("--torch-threads", type=int, help="OMP_NUM_THREADS for the servers and actors started")
+    add("--seed", type=int, default=0)
+    add("--launch-timeout", type=float, default=300.0)
+    add("--json", action="store_true", help="print one JSON document")
+    args = p.parse_args(argv)
+    args.max_concurrency = [int(c) for c in str(args.max_concurrency).split(",")]
+    args.backends = [b for b in args.backend.split(",") if b]
+    args.launches = [k for k in args.launch.split(",") if k]
+    args.rt_options = parse_options(args.rt_option)
+    if not args.url and not args.launches and set(args.backends) - {"engine"}:
+        p.error("--url or --launch is needed for the openai and ws backends")
+    if unknown := set(args.backends) - {"openai", "ws", "engine"}:
+        p.error(f"--backend takes openai, ws and engine, got {sorted(unknown)}")
+    return args
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    import trio
+
+    from rt.config import EngineOptions
+    from rt.tok.load import load_tokenizer
+
+    if args.torch_threads:  # inherited by launched servers and by the engine's actors
+        os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)
+    model_path = EngineOptions.build(model_path=args.model_path).resolved_model_path()
+    tokenizer = load_tokenizer(model_path)
+    special = set(tokenizer.all_special_ids)
+    vocab = [i for i in range(len(tokenizer)) if i not in special]
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    args.count_tokens = lambda text: len(encode(text))
+    n, lens = args.num_prompts, (args.input_len, args.output_len, args.range_ratio)
+    warm = args.warmup if args.warmup is not None else (max(args.max_concurrency) or n)
+    specs = make_requests(n + warm, *lens, args.seed, vocab, encode, tokenizer.decode)
+    load = Workload(specs[:n], specs[n:], args.warmup, args.request_rate, args.seed)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    runs: list[dict[str, Any]] = []
+    http_backends = [b for b in args.backends if b != "engine"]
+    targets = [(k, None) for k in args.launches] or [("url", args.url)]
+    for kind, url in targets if http_backends else []:
+        with launch_or_attach(kind, url, model_path, args, headers) as base:
+            flavor = args.flavor or ("transformers" if kind == "transformers" else "rt")
+            model = args.model_name or (model_path if kind == "transformers" else None)
+            model = model or served_model(base, headers)
+            body = partial(completion_body, flavor, model, extra=args.extra_body)
+            for backend in http_backends:
+                for result in trio.run(bench_http, args, base, backend, body, load):
+                    runs.append({"server": url or kind, "backend": backend, **result})
+    if "engine" in args.backends:
+        for result in trio.run(bench_engine, args, load):
+            runs.append({"server": "rt in-process", "backend": "engine", **result})
+    skip = ("count_tokens", "rt_option", "backend", "launch")
+    return {
+        "config": {k: v for k, v in vars(args).items() if k not in skip},
+        "model_path": model_path,
+        "cpus": os.cpu_count(),
+        "loadavg_1m_after": os.getloadavg()[0],
+        "runs": runs,
+    }
+
+
+@contextmanager
+def launch_or_attach(
+    kind: str, url: str | None, model_path: str, args: argparse.Namespace, headers: dict[str, str]
+) -> Iterator[str]:
+    if url is not None:
+        yield url.rstrip("/")
+        return
+    port = free_port()
+    command = server_command(kind, port, model_path, args.rt_options if kind == "rt" else {})
+    with launched(command, port, args.launch_timeout, headers) as base:
+        yield base
+
+
+COLUMNS = [  # (heading, key, statistic or None, format)
+    ("conc", "max_concurrency", None, "{}"),
+    ("ok", "completed", None, "{}"),
+    ("req/s", "request_throughput", None, "{:.2f}"),
+    ("in tok/s", "input_throughput", None, "{:.0f}"),
+    ("out tok/s", "output_throughput", None, "{:.0f}"),
+    ("TTFT p50", "ttft_ms", "p50", "{:.1f}"),
+    ("p99", "ttft_ms", "p99", "{:.1f}"),
+    ("ITL p50", "itl_ms", "p50", "{:.1f}"),
+    ("p99", "itl_ms", "p99", "{:.1f}"),
+    ("TPOT p50", "tpot_ms", "p50", "{:.1f}"),
+    ("E2E p50", "e2e_ms", "p50", "{:.0f}"),
+    ("p99", "e2e_ms", "p99", "{:.0f}"),
+    ("step→cl p50", "step_to_client_ms", "p50", "{:.2f}"),
+    ("p99", "step_to_client_ms", "p99", "{:.2f}"),
+    ("client CPU%", "client_cpu_percent", None, "{:.0f}"),
+]
+
+
+def table(result: dict[str, Any]) -> str:
+    """One row per run; latencies in ms."""
+    rows = [["server", "backend", *(c[0] for c in COLUMNS)]]
+    for run in result["runs"]:
+        row = [str(run["server"]), run["backend"]]
+        for _, key, stat, fmt in COLUMNS:
+            value = run[key] if stat is None else (run[key] or {}).get(stat)
+            row.append("-" if value is None else fmt.format(value))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    for run in result["runs"]:
+        failed = f"{run['failed']} failed, {run.get('warmup_failed', 0)} in the warm-up"
+        lines += [f"{run['server']} {run['backend']}: {failed}: {e}" for e in run["errors"]]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    result = bench(args)
+    print(json.dumps(result) if args.json else table(result))
+
+
+if __name__ == "__main__":
+    main()
