@@ -175,7 +175,9 @@ class RequestTable:
         seq.seed = delta.seed if seq.seed is None else seq.seed
         record.prompt_tokens = delta.prompt_tokens or record.prompt_tokens
         record.cached_tokens = max(record.cached_tokens, delta.cached_tokens)
-        finished = delta.finish_reason is not None
+        # "abort" is the scheduler's answer to an Abort the frontend sent: to a caller
+        # who left (the record is gone), or to hold a suspect back (not an end)
+        finished = delta.finish_reason not in (None, "abort")
         if finished:
             seq.finish_reason, seq.matched_stop = delta.finish_reason, delta.matched_stop
             if record.finished:

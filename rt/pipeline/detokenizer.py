@@ -289,9 +289,7 @@ class DetokenizerActor(Actor):
                     del round_[key]  # a gap: wait for a reopen with what came before
                     self._park(key, item)
             updates = [
-                TokenUpdate(
-                    key, p.seq.token_offset, p.seq.ids, finished=p.seq.finish_reason is not None
-                )
+                TokenUpdate(key, p.seq.token_offset, p.seq.ids, finished=_ends(p.seq))
                 for key, p in round_.items()
             ]
             try:
@@ -323,6 +321,13 @@ class DetokenizerActor(Actor):
         return refuse(
             rid, RequestFailedError(f"request {rid}: detokenization failed: {type(err).__name__}")
         )
+
+
+def _ends(seq: SeqTokens) -> bool:
+    """Whether ``seq`` ends its stream. An "abort" does not: the frontend sends one
+    to a caller who left (the stream is closed anyway) or to hold a suspect of a
+    scheduler crash back, and a suspect is readmitted later on the same stream."""
+    return seq.finish_reason not in (None, "abort")
 
 
 def _seq_delta(delta: TextDelta, src: SeqTokens, epoch: int) -> SeqDelta:

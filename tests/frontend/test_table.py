@@ -149,3 +149,9 @@ def test_a_refusal_finishes_the_request(table) -> None:
     table.on_refused(Refused("a", "ContextOverflowError", "too long"))
     record = table.records["a"]
     assert record.finished and record.error is not None and table.live() == []
+
+
+def test_an_abort_the_frontend_sent_to_hold_a_suspect_back_is_not_an_end(table) -> None:
+    table.on_delta(delta("a", 0, [1], 0, "a"))
+    assert table.on_delta(delta("a", 1, [], 1, "", finish_reason="abort")) is None
+    assert not table.records["a"].finished
