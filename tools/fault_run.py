@@ -167,6 +167,13 @@ async def run(
     return results, info
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first position where ``a`` and ``b`` differ (or the shorter one ends)."""
+    return next(
+        (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 def replay(reqs: list[Req], results: list[Result], dtype: str) -> list[int]:
     """Indexes of resumed outputs that the engine core alone, resumed from the same
     prefix, does not reproduce."""
@@ -203,7 +210,7 @@ def replay(reqs: list[Req], results: list[Result], dtype: str) -> list[int]:
                 len(result.ids),
                 len(again) + k,
                 "first diff",
-                next((j for j, (a, b) in enumerate(zip(again, result.ids[k:])) if a != b), None),
+                first_difference(again, result.ids[k:]),
                 file=sys.stderr,
             )
     return bad
@@ -255,11 +262,7 @@ def main() -> None:
     else:
         for i, (f, ref) in enumerate(zip(faulted, reference, strict=True)):
             if f.state == "completed" and ref.state == "completed" and f.ids != ref.ids:
-                first = (
-                    next(j for j, (a, b) in enumerate(zip(f.ids, ref.ids)) if a != b)
-                    if any(a != b for a, b in zip(f.ids, ref.ids))
-                    else min(len(f.ids), len(ref.ids))
-                )
+                first = first_difference(f.ids, ref.ids)
                 print(
                     "diverged: request",
                     i,
