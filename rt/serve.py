@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(serve, options, settings)
     except (errors.RtError, BaseExceptionGroup) as err:
+        _ignore_signals()
         cause = _rt_error(err)
         if cause is None:
             raise
@@ -326,7 +327,15 @@ def main(argv: list[str] | None = None) -> int:
             cause,
         )
         return EXIT_ESCALATED if isinstance(cause, errors.EscalationError) else 1
+    _ignore_signals()
     return 0
+
+
+def _ignore_signals() -> None:
+    """Everything is stopped and unlinked: a late SIGTERM or SIGINT (a supervisor
+    repeating itself) must not turn a clean exit into death by signal."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _rt_error(err: BaseException) -> errors.RtError | None:

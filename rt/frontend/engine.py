@@ -30,7 +30,7 @@ import signal
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -385,8 +385,7 @@ class Engine:
 
     async def stop_on_signal(self, cancel_scope: trio.CancelScope) -> None:
         """SIGTERM or SIGINT: refuse new requests, let those in flight finish for
-        at most ``drain_timeout``, then end the ``async with`` body (cancelled).
-        A second signal ends it at once."""
+        at most ``drain_timeout``, then end the ``async with`` body (cancelled)."""
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 self.stopped_by = signal.Signals(signum).name
@@ -397,19 +396,11 @@ class Engine:
                     len(self.table.live()),
                     self.options.drain_timeout,
                 )
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._drained, nursery.cancel_scope)
-                    async for again in signals:
-                        log.warning("%s again: stopping now", signal.Signals(again).name)
-                        nursery.cancel_scope.cancel()
-                break
-        cancel_scope.cancel()
-
-    async def _drained(self, done: trio.CancelScope) -> None:
-        with trio.move_on_after(self.options.drain_timeout):
-            while self.table.live():
-                await trio.sleep(0.05)
-        done.cancel()
+                with trio.move_on_after(self.options.drain_timeout):
+                    while self.table.live():
+                        await trio.sleep(0.05)
+                cancel_scope.cancel()
+                return
 
     def close(self) -> None:
         self._closing = True
@@ -510,24 +501,20 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     if isinstance(plan, str):
         plan = FaultPlan.load(plan)
     _, vocab_size = opts.model_limits()
-    main = threading.current_thread() is threading.main_thread()
-    with ExitStack() as teardown:
-        async with open_supervisor(spec, fault_plan=plan) as supervisor:
-            engine = Engine(opts, supervisor, vocab_size)
-            try:
-                async with trio.open_nursery() as nursery:
-                    for rx in engine._from_tok:
-                        nursery.start_soon(engine.route_tokenized, rx)
-                    nursery.start_soon(engine.route_deltas)
-                    nursery.start_soon(engine.send_control)
-                    nursery.start_soon(engine.watch_scheduler)
-                    if main:
-                        nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
-                    try:
-                        yield engine
-                    finally:
-                        nursery.cancel_scope.cancel()
-            finally:
-                if main:  # a signal during the teardown must not cut it short
-                    teardown.enter_context(trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT))
-                engine.close()  # after the routing tasks are gone: they use the rings
+    async with open_supervisor(spec, fault_plan=plan) as supervisor:
+        engine = Engine(opts, supervisor, vocab_size)
+        try:
+            async with trio.open_nursery() as nursery:
+                for rx in engine._from_tok:
+                    nursery.start_soon(engine.route_tokenized, rx)
+                nursery.start_soon(engine.route_deltas)
+                nursery.start_soon(engine.send_control)
+                nursery.start_soon(engine.watch_scheduler)
+                if threading.current_thread() is threading.main_thread():
+                    nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
+                try:
+                    yield engine
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            engine.close()  # after the routing tasks are gone: they use the rings
