@@ -40,6 +40,10 @@ class EngineOptions(BaseModel):
     enable_prefix_cache: bool = True
     attention_backend: str = "torch"
     seed: int = 0
+    # torch's intra-op threads in the scheduler (None: torch's default, one per core). On a
+    # host whose cores other processes share, 1 avoids OpenMP threads waiting on each other
+    # (docs/benchmarks.md: several times faster on a loaded 2-core machine)
+    torch_threads: int | None = Field(None, ge=1)
     # the tokenizer workers
     tokenizer_workers: int = Field(1, ge=1, le=64)
     tokenizer_batch_size: int = Field(64, ge=1)
@@ -113,4 +117,5 @@ class EngineOptions(BaseModel):
             enable_prefix_cache=self.enable_prefix_cache,
             context_length=self.context_length,
             seed=self.seed,
+            torch_threads=self.torch_threads,
         )

@@ -12,7 +12,7 @@ tools/bench_codec.py).
 
     frontend ──GenerateRequest──▶ tokenizer ──Scheduled──▶ scheduler
     frontend ◀──Tokenized / Refused── tokenizer
-    frontend ──Abort / FinishNow / Scheduled (resubmit)──▶ scheduler
+    frontend ──Abort / FinishNow / Scheduled (resubmit) / Control──▶ scheduler
     frontend ──OpenStream / CloseStream──▶ detokenizer
     scheduler ──StepTokens / Refused──▶ detokenizer ──StreamDeltas / Refused──▶ frontend
     detokenizer ──DetokenizerUp (its first frame)──▶ frontend
@@ -102,6 +102,18 @@ class FinishNow(Message, frozen=True):
     rid: str
 
 
+class Control(Message, frozen=True):
+    """An operator's command to the scheduler, applied between two steps and
+    acknowledged by a stats report (``SchedulerStats.control == seq``):
+    ``"pause"`` (no step runs until ``"continue"``; requests keep their KV),
+    ``"continue"``, ``"flush_cache"`` (drop the prefix cache, only when no
+    request is in the scheduler: ``control_ok`` says whether it was done).
+    ``seq`` numbers the frontend's commands; applying one twice is harmless."""
+
+    op: str
+    seq: int
+
+
 class OpenStream(Message, frozen=True):
     """Start (or, after an actor restart, rebuild) the decode state of a stream:
     ``prior_ids`` are the tokens the frontend holds, and from now on only tokens
@@ -137,6 +149,10 @@ class SeqTokens(Message, frozen=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     seed: int = 0
+    admitted_at: float = 0.0  # when the scheduler first admitted it (time.monotonic())
+    # the prompt's logprobs, with the first token of a request that asked for them
+    prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class SchedulerStats(Message, frozen=True):
@@ -151,6 +167,9 @@ class SchedulerStats(Message, frozen=True):
     integrity_ok: bool
     retractions: int
     requests: int = 0  # per-request records the scheduler actor holds (0 when all ended)
+    paused: bool = False  # generation paused by a Control
+    control: int = 0  # the seq of the last Control applied (0: none this incarnation)
+    control_ok: bool = True  # whether that Control did what it asked
 
 
 class StepTokens(Message, frozen=True):
@@ -181,6 +200,9 @@ class SeqDelta(Message, frozen=True):
     cached_tokens: int = 0
     seed: int = 0
     epoch: int = 0  # the scheduler epoch of its tokens
+    admitted_at: float = 0.0  # when the scheduler first admitted it (time.monotonic())
+    prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class DetokStats(Message, frozen=True):

@@ -16,6 +16,8 @@ class Meta:
     truncated_tokens: int
     time_to_first_token: float | None
     latency: float | None
+    # arrival to the scheduler's first admission (the wait for a batch slot and KV)
+    queue_time: float | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,11 @@ class GenerateOutput:
     choices: tuple[Completion, ...]
     logprobs: tuple[float, ...] | None = None
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    # with prompt_logprobs=True: the prompt's ids, each one's logprob but the first's,
+    # and (with top_logprobs) its best alternatives
+    prompt_ids: tuple[int, ...] | None = None
+    prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,3 +72,10 @@ class Chunk:
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     stepped_at: float = 0.0
+    # each new token's logprob, and its top alternatives, when the request asked for them
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    # the prompt's (as GenerateOutput's), on the request's first chunk that has them
+    prompt_ids: tuple[int, ...] | None = None
+    prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None

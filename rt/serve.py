@@ -83,6 +83,12 @@ ENGINE_FLAGS = (
     Flag("--page-size", "page_size", int, "tokens per KV page"),
     Flag("--chunked-prefill-size", "chunked_prefill_size", int, "longest prefill chunk in tokens"),
     Flag(
+        "--torch-threads",
+        "torch_threads",
+        int,
+        "torch's threads in the scheduler (default: one per core; 1 on a shared, loaded host)",
+    ),
+    Flag(
         "--max-running-requests",
         "max_running_requests",
         int,

@@ -17,14 +17,15 @@ from rt.gpu.sampling_params import SamplingParams
 from rt.shm import codec
 
 IDS = np.arange(1000, 1020, dtype=np.int32)
-STATS = m.SchedulerStats(5, 2, 1, 100, 50, 874, True, 0)
+STATS = m.SchedulerStats(5, 2, 1, 100, 50, 874, True, 0, 3, True, 7, False)
 SAMPLING = SamplingParams(
     max_new_tokens=7, temperature=0.5, stop_token_ids=(2, 3), seed=11, logit_bias={5: -1.5}
 )
 SEQ = m.SeqTokens(
-    "r" * 32, 1, 4, (7, 8), "stop", 2, (-0.5, -1.0), [[(1, -0.1), (2, -2.0)]], 20, 4, 11
-)
-DELTA = m.SeqDelta("r", 0, 0, (7,), 3, "abc", "stop", "END", None, None, 20, 0, 7)
+    "r" * 32, 1, 4, (7, 8), "stop", 2, (-0.5, -1.0), [[(1, -0.1), (2, -2.0)]], 20, 4, 11,
+    admitted_at=12.5, prompt_logprobs=(-1.5, -0.25), prompt_top_logprobs=[[(3, -0.2)], [(4, -0.1)]],
+)  # fmt: skip
+DELTA = m.SeqDelta("r", 0, 0, (7,), 3, "abc", "stop", "END", None, None, 20, 0, 7, 2, 12.5, (-1.0,))
 REFUSED = m.Refused("q", "ValidationError", "too long")
 
 EXAMPLES: list[m.Message] = [
@@ -43,6 +44,7 @@ EXAMPLES: list[m.Message] = [
     REFUSED,
     m.Abort("r"),
     m.FinishNow("r"),
+    m.Control("pause", 3),
     m.OpenStream("r", 2, IDS[-4:], DetokParams(), IDS[:5], epoch=3),
     m.CloseStream("r/2"),
     SEQ,

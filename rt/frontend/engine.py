@@ -23,6 +23,7 @@ may be reused once its request has left the table.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -40,12 +41,13 @@ from rt import errors
 from rt.actors import ActorState, ActorStatus, Supervisor, open_supervisor
 from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
-from rt.frontend.requests import build_request, finished_output
+from rt.frontend.requests import build_request, finished_output, prompt_ids, record_meta
 from rt.frontend.table import Record, RequestTable, Update
 from rt.frontend.wiring import SCHEDULER, supervisor_spec
 from rt.messages import (
     Abort,
     CloseStream,
+    Control,
     DetokenizerUp,
     DetokStats,
     FinishNow,
@@ -56,7 +58,7 @@ from rt.messages import (
     Tokenized,
     stream_key,
 )
-from rt.outputs import Chunk, GenerateOutput
+from rt.outputs import Chunk, GenerateOutput, Meta
 from rt.shm import RingReceiver, RingSender, codec
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,11 @@ class Latest(Generic[T]):
         while self.value is None or not until(self.value):
             await self._changed.wait()
         return self.value
+
+    def poke(self) -> None:
+        """Wake the waiters to look again (something ``until`` reads changed)."""
+        self._changed.set()
+        self._changed = trio.Event()
 
 
 class _Out:
@@ -131,6 +138,8 @@ class Engine:
         self._stats: Latest[SchedulerStats] = Latest()
         self._detok_stats: Latest[DetokStats] = Latest()
         self._quarantine_changed = trio.Event()
+        self._control_seq = itertools.count(1)
+        self._paused = False  # generation paused by the operator: told to every scheduler
         self.stopped_by: str | None = None  # the signal that stopped the engine, if one did
 
     # ---- the public API -------------------------------------------------------
@@ -175,6 +184,43 @@ class Engine:
         """What the detokenizer holds (open streams, parked tokens) as it last
         reported; waits for a report that ``until`` accepts."""
         return await self._detok_stats.wait(until)
+
+    # ---- the operator's controls ----------------------------------------------------
+
+    async def flush_cache(self) -> bool:
+        """Drop every cached prefix. Returns False, having done nothing, while any
+        request is in the scheduler (as SGLang's ``/flush_cache``)."""
+        return await self._control("flush_cache")
+
+    async def pause_generation(self) -> None:
+        """Stop running model steps; returns once none runs. Requests in flight keep
+        their KV and wait, new ones are accepted and wait too; cancelling one
+        still frees its KV. A restarted scheduler stays paused."""
+        self._paused = True
+        await self._control("pause")
+
+    async def continue_generation(self) -> None:
+        """Resume after :meth:`pause_generation` (a no-op when not paused)."""
+        self._paused = False
+        await self._control("continue")
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def _control(self, op: str) -> bool:
+        """Send ``op`` to the scheduler and return its answer once it applied it;
+        sent again to a successor when the scheduler restarts first."""
+        while True:
+            seq, epoch = next(self._control_seq), self._epoch
+            self._queue(self._to_sched, Control(op, seq))
+            stats = await self._stats.wait(functools.partial(self._answered, seq, epoch))
+            if stats.control >= seq:
+                return stats.control_ok
+
+    def _answered(self, seq: int, epoch: int, stats: SchedulerStats) -> bool:
+        """Whether command ``seq`` was applied, or its scheduler (``epoch``) is gone."""
+        return stats.control >= seq or self._epoch != epoch
 
     # ---- requests in and out ----------------------------------------------------
 
@@ -355,6 +401,9 @@ class Engine:
                     )
                 )
             self.table.new_epoch(self._epoch)
+            self._stats.poke()  # controls waiting for the dead scheduler's answer resend
+            if self._paused:
+                self._queue(self._to_sched, Control("pause", next(self._control_seq)))
             for record in self.table.live():
                 self._open_streams(record)
                 if record.held:
@@ -432,6 +481,9 @@ class Stream:
         self.rid = user_rid
         self._updates: trio.MemoryReceiveChannel[Update | Refused] | None = None
         self._done = False
+        # counts and timings as of the last chunk (final with the last sequence's end)
+        self.meta: Meta | None = None
+        self._prompt_logprobs_sent = False
 
     def __aiter__(self) -> Stream:
         return self
@@ -451,7 +503,27 @@ class Stream:
         except BaseException:
             self.close()
             raise
-        seq = self._engine.table.records[self._req.rid].seqs[item.index]
+        record = self._engine.table.records[self._req.rid]
+        seq = record.seqs[item.index]
+        self.meta = record_meta(record)
+        sampling, end = record.req.sampling, item.offset + len(item.ids)
+        logprobs = tuple(seq.logprobs[item.offset : end]) if sampling.logprobs else None
+        top = (
+            tuple(
+                tuple((int(i), float(lp)) for i, lp in t)
+                for t in seq.top_logprobs[item.offset : end]
+            )
+            if sampling.top_logprobs
+            else None
+        )
+        ids = prompt = prompt_top = None
+        if record.prompt_logprobs is not None and not self._prompt_logprobs_sent:
+            self._prompt_logprobs_sent = True
+            ids, prompt, prompt_top = (
+                prompt_ids(record),
+                record.prompt_logprobs,
+                record.prompt_top_logprobs,
+            )
         return Chunk(
             self.rid,
             item.index,
@@ -460,6 +532,11 @@ class Stream:
             seq.finish_reason if item.finished else None,
             seq.matched_stop if item.finished else None,
             item.stepped_at,
+            logprobs,
+            top,
+            ids,
+            prompt,
+            prompt_top,
         )
 
     def close(self) -> None:

@@ -385,11 +385,35 @@ def finished_output(record: Record) -> GenerateOutput:
         )
         for i, seq in enumerate(record.seqs)
     )
-    first = choices[0]
+    return GenerateOutput(
+        rid=record.user_rid,
+        text=choices[0].text,
+        output_ids=choices[0].output_ids,
+        finish_reason=choices[0].finish_reason,
+        matched_stop=choices[0].matched_stop,
+        meta=record_meta(record),
+        choices=choices,
+        logprobs=choices[0].logprobs,
+        top_logprobs=choices[0].top_logprobs,
+        prompt_ids=prompt_ids(record),
+        prompt_logprobs=record.prompt_logprobs,
+        prompt_top_logprobs=record.prompt_top_logprobs,
+    )
+
+
+def prompt_ids(record: Record) -> tuple[int, ...] | None:
+    """The prompt's ids, for a request that asked for the prompt's logprobs."""
+    if record.prompt_logprobs is None or record.input_ids is None:
+        return None
+    return tuple(int(t) for t in record.input_ids)
+
+
+def record_meta(record: Record) -> Meta:
+    """A request's counts and timings (seconds from its arrival), as far as they go."""
     done = record.finished_at
-    meta = Meta(
+    return Meta(
         prompt_tokens=record.prompt_tokens,
-        completion_tokens=sum(len(c.output_ids) for c in choices),
+        completion_tokens=sum(len(s.output_ids) for s in record.seqs),
         cached_tokens=record.cached_tokens,
         seed=record.req.sampling.seed,
         truncated_tokens=record.truncated,
@@ -397,15 +421,7 @@ def finished_output(record: Record) -> GenerateOutput:
         if record.first_token_at is not None
         else None,
         latency=done - record.created if done is not None else None,
-    )
-    return GenerateOutput(
-        rid=record.user_rid,
-        text=first.text,
-        output_ids=first.output_ids,
-        finish_reason=first.finish_reason,
-        matched_stop=first.matched_stop,
-        meta=meta,
-        choices=choices,
-        logprobs=first.logprobs,
-        top_logprobs=first.top_logprobs,
+        queue_time=max(0.0, record.admitted_at - record.created)
+        if record.admitted_at is not None
+        else None,
     )

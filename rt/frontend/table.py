@@ -66,6 +66,7 @@ class Update:
     text: str
     finished: bool
     stepped_at: float = 0.0  # when the scheduler produced these tokens (time.monotonic())
+    offset: int = 0  # where ``ids`` start in the sequence's output
 
 
 @dataclass
@@ -79,6 +80,9 @@ class Record:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     first_token_at: float | None = None
+    admitted_at: float | None = None  # the scheduler's first admission (time.monotonic())
+    prompt_logprobs: tuple[float, ...] | None = None  # of input_ids[1:], when asked for
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
     finished_at: float | None = None
     error: Refused | None = None
     epoch: int = 0  # the scheduler epoch its streams were last opened at
@@ -172,6 +176,15 @@ class RequestTable:
             seq.top_logprobs += delta.top_logprobs[have - delta.token_offset :]
         if ids and record.first_token_at is None:
             record.first_token_at = time.monotonic()
+        if delta.admitted_at and record.admitted_at is None:
+            record.admitted_at = delta.admitted_at
+        if delta.prompt_logprobs is not None and record.prompt_logprobs is None:
+            record.prompt_logprobs = tuple(float(x) for x in delta.prompt_logprobs)
+            if delta.prompt_top_logprobs is not None:
+                record.prompt_top_logprobs = tuple(
+                    tuple((int(t), float(lp)) for t, lp in alts)
+                    for alts in delta.prompt_top_logprobs
+                )
         seq.seed = delta.seed if seq.seed is None else seq.seed
         record.prompt_tokens = delta.prompt_tokens or record.prompt_tokens
         record.cached_tokens = max(record.cached_tokens, delta.cached_tokens)
@@ -184,7 +197,7 @@ class RequestTable:
                 record.finished_at = time.monotonic()
         if not ids and not text and not finished:
             return None
-        return Update(delta.rid, delta.index, ids, text, finished, stepped_at)
+        return Update(delta.rid, delta.index, ids, text, finished, stepped_at, have)
 
     # ---- recovery ---------------------------------------------------------------
 
@@ -196,6 +209,8 @@ class RequestTable:
         sampling = record.req.sampling
         if sampling.seed is None and record.seqs[0].seed is not None:
             sampling = replace(sampling, seed=record.seqs[0].seed)  # child 0 keeps the seed
+        if record.prompt_logprobs is not None:
+            sampling = replace(sampling, prompt_logprobs=False)  # the table has them
         prior = tuple(np.asarray(s.output_ids, dtype=np.int64) for s in record.seqs)
         done = tuple(i for i, s in enumerate(record.seqs) if s.finish_reason is not None)
         return Scheduled(record.rid, record.input_ids, sampling, record.req.priority, prior, done)

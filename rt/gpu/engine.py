@@ -21,6 +21,7 @@ import torch
 from rt.errors import ContextOverflowError, InvalidRequestError
 from rt.gpu.engine_config import EngineConfig
 from rt.gpu.engine_setup import EngineParts, build_parts
+from rt.gpu.forward_batch import ForwardBatch
 from rt.gpu.model_runner import ScheduledReq
 from rt.gpu.request import FinishReason, Req, ReqOutput, StepOutput
 from rt.gpu.sampler import SampleRow, child_seed, sample
@@ -142,6 +143,8 @@ class EngineCore:
             )
             if children:
                 req.gate = children[0]  # waits until that sibling has cached the shared prompt
+            else:
+                req.wants_prompt_logprobs = params.prompt_logprobs
             children.append(req)
         if children:
             self.reqs[rid] = children
@@ -170,6 +173,20 @@ class EngineCore:
         does nothing. Conservative: a request waiting for room counts, and it
         is never False before a step that prefills. Call between steps."""
         return bool(self.chunked or self._incoming or self.waiting)
+
+    @property
+    def has_commands(self) -> bool:
+        """Aborts or finishes not applied yet."""
+        return bool(self._commands)
+
+    def apply_commands(self) -> StepOutput:
+        """Apply pending aborts and finishes alone, with no forward pass (while
+        generation is paused). Call between steps."""
+        out = StepOutput()
+        while self._incoming:
+            self.waiting.append(self._incoming.popleft())
+        self._apply_commands(out)
+        return out
 
     def step(self) -> StepOutput:
         """Run one forward pass (an extend, or a decode of every running request)."""
@@ -204,6 +221,9 @@ class EngineCore:
     def _run(self, items: list[ScheduledReq], out: StepOutput) -> None:
         batch = self.runner.build_batch(items, self.cache.table.slots.device)
         logits = self.runner.forward(batch)
+        if batch.sampled_rows is not None:
+            self._prompt_logprobs(items, batch, logits)
+            logits = logits[batch.sampled_rows]
         out.num_tokens = batch.input_ids.shape[0]
         samples = [item.samples for item in items]
         to_sample = [item.req for item, s in zip(items, samples, strict=True) if s]
@@ -229,6 +249,7 @@ class EngineCore:
                 token_offset=len(req.output_ids),
                 seed=req.seed,
                 cached_tokens=req.cached_tokens or 0,
+                admitted_at=req.admitted_at,
             )
             req.output_ids.append(tok)
             if result.logprobs is not None and (req.params.logprobs or req.params.top_logprobs):
@@ -241,10 +262,33 @@ class EngineCore:
                     o.top_logprobs = [
                         list(zip(result.top_ids[i], result.top_logprobs[i], strict=True))
                     ]
+            if req.wants_prompt_logprobs:  # its first token: the prompt's are complete
+                req.wants_prompt_logprobs = False
+                o.prompt_logprobs = req.prompt_logprobs
+                if req.params.top_logprobs:
+                    o.prompt_top_logprobs = req.prompt_top_logprobs
             reason = self._finish_reason(req, tok)
             if reason is not None:
                 self._finish(req, reason, o)
             out.outputs.append(o)
+
+    def _prompt_logprobs(
+        self, items: list[ScheduledReq], batch: ForwardBatch, logits: torch.Tensor
+    ) -> None:
+        """Each prompt token's logprob (and best alternatives) from the positions
+        before it, for the requests that asked (``batch.prompt_spans``)."""
+        for b, row, count, first in batch.prompt_spans:
+            req = items[b].req
+            lp = torch.log_softmax(logits[row : row + count].float(), dim=-1)
+            target = torch.tensor(req.input_ids[first + 1 : first + 1 + count], device=lp.device)
+            req.prompt_logprobs += lp.gather(1, target[:, None])[:, 0].tolist()
+            k = req.params.top_logprobs
+            if k:
+                values, ids = lp.topk(min(k, lp.shape[1]), dim=-1)
+                req.prompt_top_logprobs += [
+                    list(zip(i, v, strict=True))
+                    for i, v in zip(ids.tolist(), values.tolist(), strict=True)
+                ]
 
     def _stop_ids(self, req: Req) -> set[int]:
         stops = set(req.params.stop_token_ids)

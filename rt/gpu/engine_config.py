@@ -42,6 +42,8 @@ class EngineConfig:
     new_token_ratio: float = 0.4
     new_token_ratio_decay: float = 0.002
     seed: int = 0
+    # torch's intra-op threads in the process that runs the core (None: torch's default)
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.model_path is None and self.model_config is None:
@@ -64,5 +66,7 @@ class EngineConfig:
             raise ConfigError(
                 f"chunked_prefill_size: expected None or >= 1, got {self.chunked_prefill_size}"
             )
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ConfigError(f"torch_threads: expected None or >= 1, got {self.torch_threads}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ConfigError(f"mem_fraction: expected a number in (0, 1], got {self.mem_fraction}")

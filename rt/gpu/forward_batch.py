@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,8 +23,13 @@ class ForwardBatch:
     req_rows: torch.Tensor  # [batch] int64
     prefix_lens: list[int]
     extend_lens: list[int]
-    # flat token index of each request's last token (the one whose logits are sampled)
-    sample_indices: torch.Tensor  # [num_sampled] int64
+    # flat token indices whose logits the model computes: each sampled request's last
+    # token, and the prompt positions whose logprobs are asked for (prompt_spans)
+    sample_indices: torch.Tensor  # [num_logits] int64
+    # rows of those logits that are sampled (None: every row, the usual case)
+    sampled_rows: torch.Tensor | None = None
+    # (item, first logits row, rows, first position): prompt logprobs to compute
+    prompt_spans: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert len(self.prefix_lens) == len(self.extend_lens) == self.req_rows.shape[0]

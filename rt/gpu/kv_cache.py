@@ -65,7 +65,7 @@ class KVCacheManager:
         tokens = req.token_ids
         prefix_len = 0
         node = self.tree.root
-        if self.enable_prefix_cache:
+        if self.enable_prefix_cache and not req.computing_prompt_logprobs:
             # keep at least one token to run, so the last position's logits exist
             value, node = self.tree.match_prefix(tokens[: len(tokens) - 1])
             prefix_len = value.shape[0]

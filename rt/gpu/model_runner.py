@@ -65,16 +65,26 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         sample_indices: list[int] = []
+        sampled_rows: list[int] = []
+        spans: list[tuple[int, int, int, int]] = []
         total = 0
-        for item in items:
+        for b, item in enumerate(items):
             req, start, n = item.req, item.req.kv_len, item.extend_len
             if n == 1 and req.decoding:
                 input_ids.append(req.output_ids[-1])
             else:
                 input_ids.extend(req.token_ids[start : start + n])
             positions.extend(range(start, start + n))
+            if req.computing_prompt_logprobs:
+                # position p's logits give the logprob of prompt token p + 1
+                lo = max(start, len(req.prompt_logprobs))
+                hi = min(start + n, len(req.input_ids) - 1)
+                if hi > lo:
+                    spans.append((b, len(sample_indices), hi - lo, lo))
+                    sample_indices.extend(range(total + lo - start, total + hi - start))
             total += n
             if item.samples:
+                sampled_rows.append(len(sample_indices))
                 sample_indices.append(total - 1)
         dev = self.device
         return ForwardBatch(
@@ -87,6 +97,10 @@ class ModelRunner:
             prefix_lens=[i.req.kv_len for i in items],
             extend_lens=[i.extend_len for i in items],
             sample_indices=torch.tensor(sample_indices, dtype=torch.int64, device=dev),
+            sampled_rows=torch.tensor(sampled_rows, dtype=torch.int64, device=dev)
+            if spans
+            else None,
+            prompt_spans=spans,
         )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

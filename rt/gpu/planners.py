@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 from rt.gpu.kv_cache import KVCacheManager
@@ -95,6 +96,7 @@ class PrefillPlanner:
                 break
             if req.cached_tokens is None:
                 req.cached_tokens = prefix_len
+                req.admitted_at = time.monotonic()
             waiting.remove(req)
             out.items.append(ScheduledReq(req, n, slots))
             out.admitted.append(req)

@@ -38,6 +38,7 @@ class Req:
     last_slot: int = -1  # slot of position alloc_len - 1 (saves a device read per decode step)
     last_node: TreeNode | None = None
     cached_tokens: int | None = None  # the radix hit at first admission
+    admitted_at: float = 0.0  # time.monotonic() at first admission (its queue time's end)
     finish_reason: FinishReason | None = None
     matched_stop: int | None = None
     num_retractions: int = 0
@@ -45,6 +46,15 @@ class Req:
         False  # False while the prompt (or, after a retraction, prompt + outputs) is prefilled
     )
     gate: Req | None = None  # an n>1 sibling whose prompt prefill this one waits for
+    # prompt logprobs: computed by the request's first child, reported with its first token
+    wants_prompt_logprobs: bool = False
+    prompt_logprobs: list[float] = field(default_factory=list)  # of input_ids[1:], so far
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+
+    @property
+    def computing_prompt_logprobs(self) -> bool:
+        """Its prefill must compute the prompt's logprobs (so it cannot start from the cache)."""
+        return self.wants_prompt_logprobs and len(self.prompt_logprobs) < len(self.input_ids) - 1
 
     @property
     def key(self) -> tuple[str, int]:
@@ -85,6 +95,9 @@ class ReqOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     seed: int = 0
+    admitted_at: float = 0.0  # when the request was first admitted (time.monotonic())
+    prompt_logprobs: list[float] | None = None  # with the first token, when asked for
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass

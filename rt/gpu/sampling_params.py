@@ -25,6 +25,8 @@ class SamplingParams:
     draws a seed at admission; the output reports it so a resume can reuse it.
     ``logprobs`` asks for the chosen tokens' log-probabilities under the model
     (log-softmax of the raw logits) and ``top_logprobs`` for that many best.
+    ``prompt_logprobs`` asks for each prompt token's (but the first's), and
+    its ``top_logprobs`` best, from the prefill (which then skips the prefix cache).
     """
 
     max_new_tokens: int = 128
@@ -43,6 +45,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -73,6 +76,7 @@ class SamplingParams:
         _int_in("top_logprobs", self.top_logprobs, 0, min(vocab_size, 1024))
         _bool("ignore_eos", self.ignore_eos)
         _bool("logprobs", self.logprobs)
+        _bool("prompt_logprobs", self.prompt_logprobs)
         if self.seed is not None:
             _int_in("seed", self.seed, 0, SEED_MASK)
         if not isinstance(self.stop_token_ids, tuple | list):

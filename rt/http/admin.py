@@ -13,7 +13,6 @@ import trio
 import rt
 from rt import errors
 from rt.http.asgi import Exchange, HTTPError
-from rt.http.engine_port import FlushesCache, Pauses
 from rt.http.front import Front, http_error
 from rt.http.generation import Job, run
 from rt.http.metrics import CONTENT_TYPE
@@ -108,20 +107,9 @@ async def abort_request(front: Front, ex: Exchange, body: bytes) -> None:
     await ex.json({"aborted": 1})
 
 
-def _not_yet(endpoint: str, protocol: type) -> HTTPError:
-    return HTTPError(
-        501,
-        f"{endpoint} needs an engine method that does not exist yet "
-        f"(rt/http/engine_port.py: {protocol.__name__}); nothing was done",
-    )
-
-
 async def flush_cache(front: Front, ex: Exchange) -> None:
-    engine = front.engine
-    if not isinstance(engine, FlushesCache):
-        raise _not_yet("/flush_cache", FlushesCache)
     try:
-        flushed = await engine.flush_cache()
+        flushed = await front.engine.flush_cache()
     except errors.RtError as err:
         raise http_error(err) from err
     if not flushed:
@@ -130,22 +118,16 @@ async def flush_cache(front: Front, ex: Exchange) -> None:
 
 
 async def pause_generation(front: Front, ex: Exchange) -> None:
-    engine = front.engine
-    if not isinstance(engine, Pauses):
-        raise _not_yet("/pause_generation", Pauses)
     try:
-        await engine.pause_generation()
+        await front.engine.pause_generation()
     except errors.RtError as err:
         raise http_error(err) from err
-    await ex.json({"status": "ok"})
+    await ex.json({"status": "ok", "paused": True})
 
 
 async def continue_generation(front: Front, ex: Exchange) -> None:
-    engine = front.engine
-    if not isinstance(engine, Pauses):
-        raise _not_yet("/continue_generation", Pauses)
     try:
-        await engine.continue_generation()
+        await front.engine.continue_generation()
     except errors.RtError as err:
         raise http_error(err) from err
-    await ex.json({"status": "ok"})
+    await ex.json({"status": "ok", "paused": False})

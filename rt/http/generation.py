@@ -18,7 +18,7 @@ import trio
 
 from rt import errors
 from rt.http.asgi import HTTPError
-from rt.http.engine_port import Delta, EngineStream, TopLogprobs
+from rt.http.engine_port import Delta, EngineStream, Prompt, TopLogprobs
 from rt.http.front import Front, http_error
 
 
@@ -51,6 +51,7 @@ class Result:
     e2e_latency: float = 0.0  # set at the end
     arrived: float = field(default_factory=time.monotonic)
     aborted: str | None = None  # why, when it was aborted before its end
+    prompt: Prompt | None = None  # with prompt logprobs, when asked for
 
     def elapsed(self) -> float:
         return self.e2e_latency or time.monotonic() - self.arrived
@@ -69,6 +70,8 @@ class Result:
             seq.top_logprobs += delta.top_logprobs
         if delta.finish_reason is not None:
             seq.finish_reason, seq.matched_stop = delta.finish_reason, delta.matched_stop
+        if delta.prompt is not None:
+            self.prompt = delta.prompt
         return seq
 
 

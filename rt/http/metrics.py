@@ -59,8 +59,7 @@ class Metrics:
         )
         self.queue_time = Histogram(
             "rt_queue_time_seconds",
-            "From arrival until the scheduler admitted the request "
-            "(observed when the engine reports it: Meta.queue_time)",
+            "From arrival until the scheduler first admitted the request (Meta.queue_time)",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -82,11 +82,12 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
         raise HTTPError(
             400, f"rid: expected one per prompt ({len(prompts)}), got {len(rids)}", param="rid"
         )
-    if req.logprob_start_len not in (None, -1):
+    start = req.logprob_start_len
+    if start is not None and (start < -1 or (start >= 0 and not req.return_logprob)):
         raise HTTPError(
             400,
-            f"logprob_start_len: expected -1 (rt does not compute the prompt's logprobs), "
-            f"got {req.logprob_start_len}",
+            "logprob_start_len: expected -1 (no prompt logprobs), or a prompt position >= 0 "
+            f"with return_logprob=true, got {start}",
             param="logprob_start_len",
         )
     base = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
@@ -97,6 +98,7 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
         if req.return_logprob or req.top_logprobs_num:
             options["logprobs"] = True
             options["top_logprobs"] = req.top_logprobs_num or 0
+            options["prompt_logprobs"] = start is not None and start >= 0
         if req.priority is not None:
             options["priority"] = req.priority
         rid = rids[i] if rids is not None else (base if not batch else f"{base}-{i}")
@@ -128,6 +130,21 @@ def output(front: Front, req: GenerateRequest, result: Result, seq: Seq, j: int)
                 [[lp, tok, text(tok) if text else None] for tok, lp in top]
                 for top in seq.top_logprobs
             ]
+        prompt, start = result.prompt, req.logprob_start_len or 0
+        if prompt is not None:  # from position logprob_start_len; the first token has none
+            lps: list[float | None] = [None, *prompt.logprobs]
+            meta["input_token_logprobs"] = [
+                [lp, tok, text(tok) if text else None]
+                for lp, tok in zip(lps, prompt.ids, strict=False)
+            ][start:]
+            if req.top_logprobs_num and prompt.top_logprobs is not None:
+                meta["input_top_logprobs"] = [
+                    None,
+                    *(
+                        [[lp, tok, text(tok) if text else None] for tok, lp in top]
+                        for top in prompt.top_logprobs
+                    ),
+                ][start:]
     return {"text": seq.text, "output_ids": list(seq.output_ids), "meta_info": meta}
 
 

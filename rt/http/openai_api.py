@@ -18,7 +18,13 @@ from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta
 from rt.http.front import Front
 from rt.http.generation import Job, Result, Seq, run
-from rt.http.openai_format import chat_logprobs, completion_logprobs, usage
+from rt.http.openai_format import (
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    usage,
+    with_echo,
+)
 from rt.http.schemas import ChatCompletionRequest, CompletionRequest, OpenAISampling, parse
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -123,13 +129,6 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         raise HTTPError(
             400, f"best_of: only equal to n ({n}) is supported, got {req.best_of}", param="best_of"
         )
-    if req.echo and req.logprobs is not None:
-        raise HTTPError(
-            400,
-            "echo with logprobs needs the prompt's logprobs, which rt does not compute; "
-            "ask for one or the other",
-            param="echo",
-        )
     prompts = _prompts(req.prompt)
     options = engine_options(
         front, req, req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
@@ -137,6 +136,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
     if req.logprobs is not None:
         options["logprobs"] = True
         options["top_logprobs"] = req.logprobs
+        options["prompt_logprobs"] = req.echo  # echo's tokens come with theirs
     if req.logprobs is not None or (req.echo and not all(isinstance(p, str) for p in prompts)):
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
@@ -170,8 +170,11 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                 {
                     "index": i * n + j,
                     "text": echoes[i] + seq.text,
-                    "logprobs": completion_logprobs(
-                        front, seq.output_ids, seq.logprobs, seq.top_logprobs, len(echoes[i])
+                    "logprobs": with_echo(
+                        echo_logprobs(front, result.prompt) if req.echo else None,
+                        completion_logprobs(
+                            front, seq.output_ids, seq.logprobs, seq.top_logprobs, len(echoes[i])
+                        ),
                     )
                     if req.logprobs is not None
                     else None,
@@ -206,7 +209,9 @@ async def _stream_completions(
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
 
-    def choice(index: int, text: str, seq: Seq, delta: Delta | None, finish: str | None) -> Any:
+    def choice(
+        index: int, text: str, seq: Seq, delta: Delta | None, finish: str | None, echo: Any = None
+    ) -> Any:
         logprobs = None
         if req.logprobs is not None and delta is not None:
             logprobs = completion_logprobs(
@@ -216,6 +221,8 @@ async def _stream_completions(
                 delta.top_logprobs or (),
                 offsets.get(index, 0),
             )
+            if echo is not None:
+                logprobs = with_echo(echo_logprobs(front, echo), logprobs)
         return {
             "index": index,
             "text": text,
@@ -226,12 +233,17 @@ async def _stream_completions(
 
     def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
         index = i * n + delta.index
-        text = delta.text
+        text, echo = delta.text, None
         if index not in offsets:
             text = echoes[i] + text
             offsets[index] = len(echoes[i])
+            echo = result.prompt if req.echo else None
         seq = result.seqs[delta.index]
-        event = {**head, "choices": [choice(index, text, seq, delta, delta.finish_reason)], **extra}
+        event = {
+            **head,
+            "choices": [choice(index, text, seq, delta, delta.finish_reason, echo)],
+            **extra,
+        }
         offsets[index] += len(delta.text)
         return [event]
 

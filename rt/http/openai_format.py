@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rt.http.engine_port import TopLogprobs
+from rt.http.engine_port import Prompt, TopLogprobs
 from rt.http.front import Front
 from rt.http.generation import Result
 
@@ -40,6 +40,43 @@ def completion_logprobs(
         "token_logprobs": list(logprobs),
         "top_logprobs": [{text(t): lp for t, lp in top} for top in tops] if tops else None,
         "text_offset": offsets,
+    }
+
+
+def echo_logprobs(front: Front, prompt: Prompt | None) -> dict[str, Any] | None:
+    """The echoed prompt's part of the legacy format: its first token has no
+    logprob (nothing comes before it), as OpenAI's."""
+    if prompt is None:
+        return None
+    text = front.tokens.text
+    tokens = [text(t) for t in prompt.ids]
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    tops = prompt.top_logprobs
+    return {
+        "tokens": tokens,
+        "token_logprobs": [None, *prompt.logprobs],
+        "top_logprobs": [None, *({text(t): lp for t, lp in top} for top in tops)] if tops else None,
+        "text_offset": offsets,
+    }
+
+
+def with_echo(echo: dict[str, Any] | None, out: dict[str, Any]) -> dict[str, Any]:
+    """The prompt's logprobs (``echo``, when asked) followed by the output's."""
+    if echo is None:
+        return out
+    tops = None
+    if echo["top_logprobs"] is not None or out["top_logprobs"] is not None:
+        tops = (echo["top_logprobs"] or [None] * len(echo["tokens"])) + (
+            out["top_logprobs"] or [None] * len(out["tokens"])
+        )
+    return {
+        "tokens": echo["tokens"] + out["tokens"],
+        "token_logprobs": echo["token_logprobs"] + out["token_logprobs"],
+        "top_logprobs": tops,
+        "text_offset": echo["text_offset"] + out["text_offset"],
     }
 
 

@@ -63,7 +63,9 @@ class GenerateRequest(BaseModel):
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool = False
     logprob_start_len: int | None = Field(
-        default=None, description="only -1: rt does not compute the prompt's logprobs"
+        default=None,
+        description="with return_logprob: the prompt's logprobs from this position "
+        "(input_token_logprobs); -1 or absent: none",
     )
     rid: str | list[str] | None = None
     priority: int | None = None

@@ -6,6 +6,11 @@ The status line waits for the first delta, so that a request the engine
 refuses (a prompt over the context, say) is still a plain 4xx. An error after
 that is an event ``{"error": {...}}`` before ``[DONE]``. The client leaving
 cancels every generation of the request at once.
+
+Each event a delta makes carries ``stepped_at`` (an rt extension, beside the
+fields the endpoint's format defines): when the scheduler made its tokens,
+as ``time.monotonic()`` of the server's machine, for measuring step → client
+on the same host (0.0 for tokens a restarted detokenizer replays).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ async def stream(
 
     async def on_delta(i: int, delta: Delta, result: Result) -> None:
         events = events_of(i, delta, result)
+        for event in events:
+            if isinstance(event, dict):
+                event["stepped_at"] = delta.stepped_at
         async with lock:
             if not ex.started:
                 await ex.start_events()

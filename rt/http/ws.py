@@ -7,7 +7,7 @@ Client → server (JSON text frames)::
 
 ``generate`` takes /generate's body with one prompt. Server → client::
 
-    {"id", "type": "delta", "index", "text", "output_ids"[, "finish_reason"]}
+    {"id", "type": "delta", "index", "text", "output_ids", "stepped_at"[, "finish_reason"]}
     {"id", "type": "done", "meta_info": {...}}     (finish_reason "abort" after a cancel)
     {"id", "type": "error", "status", "message"}
 
@@ -145,6 +145,7 @@ class Connection:
                 "index": delta.index,
                 "text": delta.text,
                 "output_ids": list(delta.output_ids),
+                "stepped_at": delta.stepped_at,
             }
             if delta.finish_reason is not None:
                 frame["finish_reason"] = native.finish_reason(result.seqs[delta.index], None)

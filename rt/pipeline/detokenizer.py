@@ -351,4 +351,7 @@ def _seq_delta(delta: TextDelta, src: SeqTokens, epoch: int) -> SeqDelta:
         cached_tokens=src.cached_tokens,
         seed=src.seed,
         epoch=epoch,
+        admitted_at=src.admitted_at,
+        prompt_logprobs=src.prompt_logprobs,
+        prompt_top_logprobs=src.prompt_top_logprobs,
     )

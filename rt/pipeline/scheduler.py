@@ -21,6 +21,11 @@ never comes. The TTL is far beyond the time a ``Scheduled`` trails its abort
 (a ring hop, or a tokenizer restart); one later than that runs unwatched, and
 the frontend ends it as unknown.
 
+An operator's ``Control`` (pause, continue, flush the prefix cache) is
+committed at once, applied between two steps and answered with a stats
+report; while paused no forward pass runs, but aborts and finishes are still
+applied (their KV freed) and refusals still go out.
+
 A step that may prefill runs in a worker thread, so aborts and heartbeats
 keep flowing while the model computes; a decode-only step runs inline when
 decode steps have been fast (``StepPlacement``). Each step's new tokens, for
@@ -35,6 +40,7 @@ import logging
 import math
 import time
 
+import torch
 import trio
 
 from rt.actors import Actor, ActorContext
@@ -44,6 +50,7 @@ from rt.gpu.engine_config import EngineConfig
 from rt.gpu.request import StepOutput
 from rt.messages import (
     Abort,
+    Control,
     FinishNow,
     Refused,
     Scheduled,
@@ -114,6 +121,9 @@ class SchedulerActor(Actor):
         self.wakeup = trio.Event()
         self.steps = 0
         self.reported = False  # whether this idle spell's state was reported
+        self.controls: list[Control] = []  # applied between two steps, in arrival order
+        self.paused = False
+        self.control, self.control_ok = 0, True  # the last Control applied
 
     async def run(self, ctx: ActorContext) -> None:
         async with trio.open_nursery() as nursery:
@@ -132,6 +142,11 @@ class SchedulerActor(Actor):
                 # ring and not yet admitted: if this scheduler dies first, the next
                 # restart resends them.
                 self._stop(msg)
+                inbox.commit(frame)
+            elif isinstance(msg, Control):
+                # committed at once: if this scheduler dies before acknowledging it,
+                # the frontend sends it again to the next one
+                self.controls.append(msg)
                 inbox.commit(frame)
             else:  # corruption: never a crash loop
                 log.error("scheduler: dropped a %s frame on %s", type(msg).__name__, name)
@@ -157,7 +172,12 @@ class SchedulerActor(Actor):
         while True:
             await ctx.tick()
             self._expire_tombstones()
+            if self.controls:
+                await self._apply_controls(ctx)
             self._admit(ctx)
+            if self.paused:
+                await self._paused(ctx)
+                continue
             if not self.engine.has_work and not self.refused:
                 await self._idle(ctx)
                 continue
@@ -192,6 +212,39 @@ class SchedulerActor(Actor):
                 self.reported = False
         self.wakeup = trio.Event()
 
+    async def _apply_controls(self, ctx: ActorContext) -> None:
+        """Apply the operator's commands (no step runs meanwhile), then acknowledge
+        the last with a stats report."""
+        controls, self.controls = self.controls, []
+        for msg in controls:
+            ok = True
+            if msg.op == "pause":
+                self.paused = True
+            elif msg.op == "continue":
+                self.paused = False
+            elif msg.op == "flush_cache":
+                # as SGLang's: only with no request in the scheduler (their KV is in the tree)
+                ok = not (self.engine.reqs or self.engine.has_work or self.incoming)
+                if ok:
+                    freed = self.engine.flush_cache()
+                    log.info("flushed the prefix cache (%d tokens)", freed)
+            else:  # an op this scheduler does not know: refused, never a crash
+                log.error("scheduler: unknown control %r", msg.op)
+                ok = False
+            self.control, self.control_ok = msg.seq, ok
+        await send(ctx.outbox[OUT], self._frame(StepOutput(), self._stats()))
+
+    async def _paused(self, ctx: ActorContext) -> None:
+        """Generation is paused: no forward pass runs, but aborts and finishes
+        still end their requests (and free their KV), and refusals still go out."""
+        if self.engine.has_commands or self.refused:
+            out = self.engine.apply_commands()  # cheap: frees KV, runs no model
+            await send(ctx.outbox[OUT], self._frame(out, self._stats()))
+            return
+        with trio.move_on_after(IDLE_CHECK_S):
+            await self.wakeup.wait()
+        self.wakeup = trio.Event()
+
     def _expire_tombstones(self) -> bool:
         now, expired = trio.current_time(), False
         while self.tombstones:
@@ -207,6 +260,9 @@ class SchedulerActor(Actor):
         ctx.faults.check("forward")
         if not self.engine.has_work:
             return StepOutput()
+        threads = self.config.torch_threads
+        if threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)  # per thread under OpenMP: steps run in several
         start = time.perf_counter()
         out = self.engine.step()
         self.placement.record(out, time.perf_counter() - start)
@@ -289,6 +345,9 @@ class SchedulerActor(Actor):
             integrity_ok=ok,
             retractions=stats.num_retractions,
             requests=self.num_request_records,
+            paused=self.paused,
+            control=self.control,
+            control_ok=self.control_ok,
         )
 
     def _frame(self, out: StepOutput, stats: SchedulerStats | None = None) -> StepTokens:
@@ -305,6 +364,9 @@ class SchedulerActor(Actor):
                 prompt_tokens=o.prompt_tokens,
                 cached_tokens=o.cached_tokens,
                 seed=o.seed,
+                admitted_at=o.admitted_at,
+                prompt_logprobs=tuple(o.prompt_logprobs) if o.prompt_logprobs is not None else None,
+                prompt_top_logprobs=o.prompt_top_logprobs,
             )
             for o in out.outputs
         )

@@ -246,6 +246,7 @@ def sampling_args() -> dict[str, Arg]:
                        {5: 10**400}, {5: "1"}, {5: [1.0]}, [[5, 1.0]], "5", 5],
         ),
         "logprobs": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
+        "prompt_logprobs": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "top_logprobs": arg(
             st.integers(0, 20),
             st.integers(max_value=-1) | st.integers(min_value=1025) | NOT_INT,

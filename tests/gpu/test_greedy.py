@@ -145,3 +145,31 @@ def test_default_model_matches_transformers() -> None:
     res = run_all(engine, {f"r{i}": (p, greedy(16)) for i, p in enumerate(ps)})
     for i, p in enumerate(ps):
         assert res[f"r{i}"]["tokens"] == hf_greedy(hf, p, 16)
+
+
+@pytest.mark.parametrize(("page_size", "chunk"), [(1, None), (16, 7)])
+def test_prompt_logprobs_match_transformers_even_with_the_prompt_cached(
+    page_size: int, chunk: int | None, checkpoints: dict[str, Path], hf_models: dict[str, Any]
+) -> None:
+    (p,) = prompts(1, [30], seed=5)
+    engine = make_engine(checkpoints["llama"], page_size=page_size, chunked_prefill_size=chunk)
+    run_all(engine, {"warm": (p, greedy(2))})  # the prompt is in the prefix cache now
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_models["llama"](torch.tensor([p])).logits[0].float(), dim=-1)
+    want = ref[:-1].gather(1, torch.tensor(p[1:])[:, None])[:, 0]
+    top = ref[:-1].topk(2, dim=-1)
+    params = greedy(4, prompt_logprobs=True, top_logprobs=2, n=2, ignore_eos=True)
+    engine.add_request("a", p, params)
+    reports = []
+    while engine.has_work:
+        reports += [o for o in engine.step().outputs if o.prompt_logprobs is not None]
+        engine.check_integrity()
+    (report,) = reports  # once per request (its first child's first token), not per child
+    assert report.index == 0 and report.token_offset == 0
+    assert torch.allclose(torch.tensor(report.prompt_logprobs), want, atol=1e-4)
+    assert report.prompt_top_logprobs is not None
+    assert [[t for t, _ in alts] for alts in report.prompt_top_logprobs] == top.indices.tolist()
+    assert report.cached_tokens == 0  # computed, not taken from the cache
+    # without the ask, the same prompt comes from the cache and reports none
+    res = run_all(engine, {"b": (p, greedy(2))})
+    assert res["b"]["final"].cached_tokens > 0 and res["b"]["final"].prompt_logprobs is None

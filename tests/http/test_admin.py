@@ -48,6 +48,7 @@ def test_metrics_parse_and_move(default_server: Server) -> None:
     for name in (
         "rt_time_to_first_token_seconds_count{}",
         "rt_e2e_request_latency_seconds_count{}",
+        "rt_queue_time_seconds_count{}",
         "rt_generation_tokens_total{}",
         "rt_prompt_tokens_total{}",
         "rt_requests_total{endpoint=/generate,status=200}",
@@ -98,11 +99,77 @@ async def test_abort_request_by_rid(default_server: Server) -> None:
                 await trio.sleep(0.05)
 
 
-def test_control_endpoints_say_what_is_missing(default_server: Server) -> None:
-    for path in ("/flush_cache", "/pause_generation", "/continue_generation"):
-        response = httpx.post(f"{default_server.url}{path}", timeout=30)
-        assert response.status_code == 501, path
-        assert "engine" in response.json()["error"]["message"]
+async def test_pause_holds_streams_and_continue_resumes_them(default_server: Server) -> None:
+    body = {
+        "text": "In the beginning",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0},
+    }
+    want = httpx.post(
+        f"{default_server.url}/generate", json={**body, "stream": False}, timeout=60
+    ).json()
+    events: list[dict] = []
+
+    async def read(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", "/generate", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+
+    async with (
+        httpx.AsyncClient(base_url=default_server.url, timeout=60) as client,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(read, client)
+        with trio.fail_after(30):
+            while not events:
+                await trio.sleep(0.01)
+        paused = await client.post("/pause_generation")
+        assert paused.status_code == 200 and paused.json()["paused"] is True
+        await trio.sleep(0.3)  # the step running as the pause came may still land
+        held = len(events)
+        await trio.sleep(1.0)
+        assert len(events) == held
+        assert events[-1]["meta_info"]["finish_reason"] is None
+        assert default_server.info()["scheduler"]["paused"] is True
+        resumed = await client.post("/continue_generation")
+        assert resumed.status_code == 200 and resumed.json()["paused"] is False
+    assert events[-1]["output_ids"] == want["output_ids"]
+    assert all(e["stepped_at"] > 0 for e in events)  # when the scheduler made each delta
+    assert default_server.info()["scheduler"]["paused"] is False
+
+
+async def test_flush_cache_only_when_idle(default_server: Server) -> None:
+    body = {
+        "text": "And the earth was without form",
+        "stream": True,
+        "rid": "busy",
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+    }
+    busy = None
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
+        async with client.stream("POST", "/generate", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {") and busy is None:
+                    busy = await client.post("/flush_cache")
+                    await client.post("/abort_request", json={"rid": "busy"})
+        assert busy is not None
+        assert busy.status_code == 400
+        assert "requests are running" in busy.json()["error"]["message"]
+        with trio.fail_after(30):
+            while default_server.info()["requests_in_flight"]:
+                await trio.sleep(0.05)
+        prompt = {"text": "And God said", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        (await client.post("/generate", json=prompt)).raise_for_status()
+        cached = (await client.post("/generate", json=prompt)).json()
+        assert cached["meta_info"]["cached_tokens"] > 0
+        with trio.fail_after(30):  # the scheduler may still hold the last request a moment
+            while (flushed := await client.post("/flush_cache")).status_code == 400:
+                await trio.sleep(0.05)
+        assert flushed.status_code == 200
+        fresh = (await client.post("/generate", json=prompt)).json()
+        assert fresh["meta_info"]["cached_tokens"] == 0
+        assert fresh["output_ids"] == cached["output_ids"]
 
 
 def test_unknown_endpoint_and_method(default_server: Server) -> None:

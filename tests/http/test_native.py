@@ -115,6 +115,27 @@ def test_logprobs(default_server: Server) -> None:
     assert [t[0][1] for t in top] == out["output_ids"]  # greedy: each chosen token is the best
 
 
+def test_prompt_logprobs_from_logprob_start_len(default_server: Server) -> None:
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    ids = tokenizer.encode("And God said, Let there be light").ids
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0.0},
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+    }
+    whole = generate(default_server, {**body, "logprob_start_len": 0})["meta_info"]
+    assert [t[1] for t in whole["input_token_logprobs"]] == ids
+    assert whole["input_token_logprobs"][0][0] is None  # nothing comes before the first token
+    assert all(t[0] <= 0 for t in whole["input_token_logprobs"][1:])
+    assert whole["input_top_logprobs"][0] is None
+    assert all(len(top) == 2 and top[0][0] >= top[1][0] for top in whole["input_top_logprobs"][1:])
+    tail = generate(default_server, {**body, "logprob_start_len": 3})["meta_info"]
+    assert tail["input_token_logprobs"] == whole["input_token_logprobs"][3:]
+    plain = generate(default_server, body)["meta_info"]
+    assert "input_token_logprobs" not in plain
+
+
 async def test_greedy_output_equals_open_engines(default_server: Server) -> None:
     prompts = ["And God said", "In the beginning God created", "Blessed are"]
     served = [

@@ -146,6 +146,29 @@ def test_completion_stream_and_logprobs(client: openai.OpenAI) -> None:
     assert streamed == pytest.approx(logprobs.token_logprobs)
 
 
+def test_completion_echo_with_logprobs_covers_the_prompt(client: openai.OpenAI) -> None:
+    kwargs = {"model": model_id(client), "prompt": "In the beginning", "max_tokens": 3}
+    plain = client.completions.create(**kwargs, temperature=0.0, logprobs=2)  # type: ignore[call-overload]
+    out = client.completions.create(**kwargs, temperature=0.0, logprobs=2, echo=True)  # type: ignore[call-overload]
+    logprobs = out.choices[0].logprobs
+    assert logprobs is not None and plain.choices[0].logprobs is not None
+    tokens, values = logprobs.tokens or [], logprobs.token_logprobs or []
+    produced = plain.choices[0].logprobs.tokens or []
+    prompt_len = len(tokens) - len(produced)
+    assert prompt_len >= 3 and tokens[prompt_len:] == produced
+    assert "".join(tokens[:prompt_len]).endswith("In the beginning")  # after a BOS, if any
+    assert values[0] is None and all(v <= 0 for v in values[1:])
+    assert values[prompt_len:] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-4)
+    tops = logprobs.top_logprobs or []
+    assert tops[0] is None and all(len(t) == 2 for t in tops[1:])
+    assert out.choices[0].text == "In the beginning" + plain.choices[0].text
+    chunks = list(
+        client.completions.create(**kwargs, temperature=0.0, logprobs=2, echo=True, stream=True)  # type: ignore[call-overload]
+    )
+    streamed = [lp for c in chunks for lp in (c.choices[0].logprobs.token_logprobs or [])]  # type: ignore[union-attr]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(values[1:], abs=1e-4)
+
+
 def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     model = model_id(client)
     with pytest.raises(openai.BadRequestError, match="temperature"):

@@ -189,11 +189,12 @@ async def test_the_load_keeps_concurrency_and_arrival_times(
 def test_engine_options_become_rt_serve_flags() -> None:
     options = bs.parse_options(["load_format=null", "max_running_requests=512", "x=0.5", "y=true"])
     assert options == {"load_format": "null", "max_running_requests": 512, "x": 0.5, "y": True}
-    assert bs.option_flags(options, {"x": "--x-flag"}) == [
+    servers = sys.modules["launch_servers"]  # bench_serving's sibling, imported with it
+    assert servers.option_flags(options, {"x": "--x-flag"}) == [
         "--load-format", "null", "--max-running-requests", "512", "--x-flag", "0.5", "--y",
     ]  # fmt: skip
-    assert bs.option_flags({"enable_prefix_cache": False}, {}) == []
-    names = bs.rt_serve_flag_names()  # rt-serve's own table, where a flag is not the option's name
+    assert servers.option_flags({"enable_prefix_cache": False}, {}) == []
+    names = servers.rt_serve_flag_names()  # rt-serve's own table, where a flag is not the option's name
     assert names.get("seed", "--seed") in bs.server_command("rt", 1, "/m", {"seed": 3})
     command = bs.server_command("rt", 1234, "/m", {"load_format": "null"})
     assert command[1:3] == ["-m", "rt.serve"] and command[-2:] == ["--load-format", "null"]

@@ -1,0 +1,103 @@
+"""Starting the servers tools/bench_serving.py compares: rt-serve and
+`transformers serve --continuous-batching`, each on a free port of 127.0.0.1,
+healthy before the load starts and stopped after."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def option_flags(options: dict[str, Any], names: dict[str, str]) -> list[str]:
+    """Engine options as rt-serve flags: ``load_format="null"`` → ``--load-format null``.
+    ``names`` maps the options whose flag is not the option's own name
+    (``seed`` → ``--random-seed``); a False switch is left out."""
+    flags = []
+    for key, value in options.items():
+        flag = names.get(key, "--" + key.replace("_", "-"))
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return flags
+
+
+def rt_serve_flag_names() -> dict[str, str]:
+    from rt import serve
+
+    return {flag.option: flag.name for flag in getattr(serve, "ENGINE_FLAGS", ())}
+
+
+def server_command(kind: str, port: int, model_path: str, rt_options: dict[str, Any]) -> list[str]:
+    host = ["--host", "127.0.0.1", "--port", str(port)]
+    if kind == "rt":
+        flags = [*host, "--model-path", model_path]
+        flags += option_flags(rt_options, rt_serve_flag_names())
+        return [sys.executable, "-m", "rt.serve", *flags]
+    if kind == "transformers":
+        cli = str(Path(sys.executable).with_name("transformers"))
+        return [cli, "serve", "--continuous-batching", *host, "--log-level", "error", model_path]
+    raise ValueError(f"--launch takes rt or transformers, got {kind!r}")
+
+
+@contextmanager
+def launched(
+    command: list[str], port: int, timeout: float, headers: dict[str, str]
+) -> Iterator[str]:
+    """Run a server until it answers ``GET /health`` with 200; yield its URL;
+    stop it (SIGTERM, then SIGKILL after 30 s)."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    said = log.read().decode(errors="replace")[-3000:]
+                    raise SystemExit(
+                        f"{shlex.join(command)} exited with {proc.returncode}:\n{said}"
+                    )
+                try:
+                    if httpx.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{shlex.join(command)}: not healthy within {timeout:g} s")
+                time.sleep(0.25)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def served_model(url: str, headers: dict[str, str]) -> str | None:
+    import httpx
+
+    try:
+        models = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).json()
+        return str(models["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
