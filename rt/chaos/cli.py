@@ -1,0 +1,216 @@
+"""rt-chaos: drive load through an rt engine while faults fire; check the ledger.
+
+    rt-chaos --duration 10m --seed 7                # starts rt-serve, SSE + WebSocket load
+    rt-chaos --url http://127.0.0.1:30000 --duration 5m   # a running rt-serve (signals only)
+    rt-chaos --in-process --requests 60             # rt.open_engine in this process
+    rt-chaos --replay 7 --faults 3,9                # a run again, with only faults 3 and 9
+
+Exit status: 0 when every checker passed, 1 when one failed (the report
+then ends with the shortest fault schedule that still fails), 2 for a
+usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from rt.chaos.campaign import CampaignConfig, Outcome, campaign
+from rt.chaos.run import RunConfig
+from rt.chaos.schedule import KINDS, MAIN_KINDS, PHASES, SIGNAL_KINDS, Schedule, ScheduleConfig
+from rt.chaos.workload import WorkloadConfig
+
+
+def duration(text: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|m|h)?", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected a duration like 90s, 10m or 1h, got {text!r}")
+    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+
+
+def listed(choices: tuple[str, ...]) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [x for x in items if x not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {bad}; expected some of {', '.join(choices)}"
+            )
+        return items
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rt-chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    target = p.add_argument_group("target").add_mutually_exclusive_group()
+    target.add_argument(
+        "--url", help="attach to a running rt-serve (same host: its pids are signalled)"
+    )
+    target.add_argument("--in-process", action="store_true", help="rt.open_engine in this process")
+    load = p.add_argument_group("load")
+    load.add_argument("--duration", type=duration, help="send requests for this long (90s, 10m)")
+    load.add_argument(
+        "--requests", type=int, help="send this many requests (default 60 with no --duration)"
+    )
+    load.add_argument(
+        "--concurrency", type=int, help="requests in flight (default 8; 1 in bfloat16)"
+    )
+    load.add_argument("--transports", type=listed(("sse", "ws")), default=("sse", "ws"),
+                      help="over HTTP: sse, ws (default both)")  # fmt: skip
+    load.add_argument(
+        "--hostile", type=float, default=0.05, help="share of invalid and fuzzed requests"
+    )
+    load.add_argument(
+        "--cancel", type=float, default=0.1, help="share of requests cancelled midway"
+    )
+    load.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds before a request counts as hung"
+    )
+    load.add_argument("--hogs", type=int, default=0, help="CPU hog processes beside the engine")
+    faults = p.add_argument_group("faults")
+    faults.add_argument("--seed", type=int, default=1)
+    faults.add_argument("--replay", type=int, metavar="SEED", help="run seed SEED again, exactly")
+    faults.add_argument("--faults", help="replay only these fault ids (3,9; 'none' for none)")
+    faults.add_argument("--schedule", help="run this schedule (JSON, as --json prints it) instead")
+    faults.add_argument(
+        "--fault-count", type=int, help="faults to draw (default: from the load's size)"
+    )
+    faults.add_argument("--kinds", type=listed(KINDS), default=MAIN_KINDS,
+                        help=f"default {','.join(MAIN_KINDS)}; all: {','.join(KINDS)}")  # fmt: skip
+    faults.add_argument("--phases", type=listed(PHASES), default=PHASES)
+    faults.add_argument("--actors", default="tokenizer0,scheduler,detokenizer")
+    faults.add_argument(
+        "--poison", type=int, default=3, help="poison requests (a flood), each its own marker"
+    )
+    faults.add_argument("--sweep", type=int, default=0, metavar="K",
+                        help="also SIGKILL each of --actors at each of its first K receive and "
+                        "send hits, one incarnation after another (with --concurrency 1: every "
+                        "frame boundary of a request's life)")  # fmt: skip
+    faults.add_argument(
+        "--shrink-budget", type=int, default=12, help="replays to shrink a failure (0: none)"
+    )
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    engine.add_argument(
+        "--ring-capacity", type=int, help="bytes per ring (small: senders meet full rings)"
+    )
+    engine.add_argument("--watchdog-timeout", type=float, default=4.0)
+    engine.add_argument(
+        "--max-restarts", type=int, help="default: enough for the schedule's faults"
+    )
+    engine.add_argument("--model-path")
+    engine.add_argument("--load-format", choices=("auto", "dummy", "null"),
+                        help="null: no forward pass (fixed tokens): the runtime alone")  # fmt: skip
+    engine.add_argument("--tokenizer-workers", type=int)
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    out.add_argument(
+        "--log-dir", default="chaos-logs", help="ledgers and logs (default ./chaos-logs)"
+    )
+    out.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def configure(args: argparse.Namespace) -> CampaignConfig:
+    seed = args.replay if args.replay is not None else args.seed
+    bf16 = args.dtype == "bfloat16"
+    concurrency = args.concurrency or (1 if bf16 else 8)
+    requests = args.requests if args.requests is not None or args.duration else 60
+    mode = "attach" if args.url else "engine" if args.in_process else "server"
+    transports = ("engine",) if mode == "engine" else args.transports
+    workload = WorkloadConfig(
+        transports=transports,
+        cancel_share=args.cancel,
+        invalid_share=args.hostile / 2,
+        fuzz_share=0.0 if mode == "engine" else args.hostile / 2,
+    )
+    size = requests or int((args.duration or 60) * 1.5)  # requests, roughly
+    # a fault every 15 s or so (a scheduler takes seconds to come back), or per 5 requests
+    drawn = int(args.duration / 15) if args.duration else size // 5
+    count = args.fault_count if args.fault_count is not None else max(8, min(200, drawn))
+    kinds, poison = args.kinds, args.poison
+    if mode == "attach":  # a running rt-serve has no fault plan of ours: signals only
+        kinds = tuple(k for k in kinds if k in SIGNAL_KINDS) or SIGNAL_KINDS
+        poison = 0
+    sched = ScheduleConfig(
+        actors=tuple(a for a in args.actors.split(",") if a),
+        kinds=kinds,
+        phases=args.phases
+        if mode != "attach"
+        else tuple(p for p in args.phases if p != "shutdown"),
+        faults=count,
+        poison=poison,
+        signal_share=1.0 if mode == "attach" else 0.5,
+        # steps: a request's tokens, shared by the requests in flight
+        frames=max(20, size * sum(workload.max_tokens) // 2 // concurrency),
+        watchdog_s=args.watchdog_timeout,
+        sweep=args.sweep,
+        sweep_actors=tuple(a for a in args.actors.split(",") if a),
+    )
+    options: dict[str, Any] = {
+        "dtype": args.dtype,
+        "watchdog_timeout": args.watchdog_timeout,
+        "max_restarts": args.max_restarts or 2 * (count + poison) + 6 * args.sweep + 5,
+        "max_total_tokens": 1 << 15,
+    }
+    if bf16:
+        options["enable_prefix_cache"] = False  # a cache hit changes bfloat16's numbers
+    for name in ("ring_capacity", "model_path", "tokenizer_workers", "load_format"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    run = RunConfig(
+        seed=seed,
+        mode=mode,
+        url=args.url,
+        requests=requests,
+        duration=args.duration,
+        concurrency=concurrency,
+        timeout=args.timeout,
+        workload=workload,
+        engine=options,
+        hogs=args.hogs,
+        log_dir=args.log_dir,
+    )
+    only = None
+    if args.faults is not None:
+        only = () if args.faults == "none" else tuple(int(x) for x in args.faults.split(","))
+    plan = None
+    if args.schedule:
+        with open(args.schedule) as f:
+            data = json.load(f)
+        plan = Schedule.from_json(data.get("schedule_json", data))
+        run = replace(run, seed=plan.seed)
+    return CampaignConfig(run, sched, shrink_budget=args.shrink_budget, only=only, plan=plan)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = configure(args)
+    if args.dtype == "bfloat16" and config.run.concurrency > 1:
+        print("rt-chaos: bfloat16 with concurrency > 1: only resumed outputs with known resume "
+              "points can be checked (batched bfloat16 runs are not reproducible)", file=sys.stderr)  # fmt: skip
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(f"rt-chaos: {line}", file=sys.stderr, flush=True)
+
+    outcome: Outcome = trio.run(campaign, config, say)
+    from rt.chaos.report import render, summary
+
+    if args.json:
+        data = summary(outcome)
+        data["schedule_json"] = outcome.schedule.to_json()
+        print(json.dumps(data, indent=2))
+    else:
+        print(render(outcome))
+    return 1 if outcome.verdict.failed else 0

@@ -1,0 +1,129 @@
+"""Firing the schedule's signal faults from outside, each at its phase.
+
+The injector takes the signal faults in order: it waits ``wait_s``, then for
+the load to be in the fault's phase (at most ``PHASE_WAIT_S``; it fires
+anyway after that, and the ledger records the phase it observed), then
+signals the actor's pid:
+
+* idle: the load pauses until nothing is in flight;
+* prefill: a request is waiting for its first token;
+* decode: tokens are flowing; stream: a request has had two deltas or more;
+* restart: an actor is down (the previous fault's): the target is killed
+  then, or, when it is the one restarting, as soon as its successor runs.
+
+SIGSTOP stops the actor for ``stop_s`` then SIGCONT, or leaves it to the
+watchdog; every pid stopped is continued when the injector ends, dead or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import trio
+
+from rt.chaos.ledger import Ledger
+from rt.chaos.load import LiveState, Load
+from rt.chaos.monitor import Monitor
+from rt.chaos.schedule import Fault
+
+SIGNALS = {"sigkill": signal.SIGKILL, "sigsegv": signal.SIGSEGV, "sigstop": signal.SIGSTOP}
+PHASE_WAIT_S = 15.0
+PID_WAIT_S = 60.0
+
+CONDITIONS = {
+    "prefill": lambda live: any(r.tokens == 0 for r in live.requests.values()),
+    "decode": lambda live: any(r.tokens > 0 for r in live.requests.values()),
+    "stream": lambda live: any(r.deltas >= 2 for r in live.requests.values()),
+}
+
+
+class Injector:
+    def __init__(self, load: Load, monitor: Monitor, ledger: Ledger) -> None:
+        self.load, self.monitor, self.ledger = load, monitor, ledger
+        self.stopped: list[int] = []
+
+    @property
+    def live(self) -> LiveState:
+        return self.load.live
+
+    async def run(self, faults: list[Fault]) -> None:
+        """Fire ``faults`` in order. Stopped actors stay stopped: :meth:`release`."""
+        for fault in faults:
+            await trio.sleep(fault.wait_s)
+            if self.load.finished.is_set():
+                self.ledger.write("note", what=f"fault #{fault.id} not fired: the load ended")
+                continue
+            await self.at_phase(fault)
+
+    async def at_phase(self, fault: Fault) -> None:
+        if fault.phase == "idle":
+            with trio.move_on_after(PHASE_WAIT_S):
+                await self.load.idle()
+            try:
+                await self.fire(fault, "idle" if not self.live.requests else self.live.phase())
+            finally:
+                self.load.resume()
+            return
+        if fault.phase == "restart":
+            await self._at_restart(fault)
+            return
+        condition = CONDITIONS.get(fault.phase)
+        if condition is not None:
+            with trio.move_on_after(PHASE_WAIT_S):
+                await self.live.wait_for(condition)
+        await self.fire(fault, self.live.phase())
+
+    async def _at_restart(self, fault: Fault) -> None:
+        def down(m: Monitor) -> bool:
+            return any(a.state != "running" for a in m.actors.values())
+
+        with trio.move_on_after(PHASE_WAIT_S):
+            await self.monitor.wait_for(down)
+        await self.fire(fault, "restart" if down(self.monitor) else self.live.phase())
+
+    async def pid(self, actor: str) -> int | None:
+        """The actor's pid once it is running (its successor's, if it is restarting)."""
+        with trio.move_on_after(PID_WAIT_S):
+            await self.monitor.wait_for(
+                lambda m: (
+                    actor in m.actors
+                    and m.actors[actor].state == "running"
+                    and m.actors[actor].pid is not None
+                )
+            )
+        info = self.monitor.actors.get(actor)
+        return info.pid if info is not None and info.state == "running" else None
+
+    async def fire(self, fault: Fault, observed: str) -> None:
+        pid = await self.pid(fault.actor)
+        if pid is None:
+            self.ledger.write("note", what=f"fault #{fault.id}: {fault.actor} never ran; not fired")
+            return
+        self.ledger.write(
+            "fault",
+            id=fault.id,
+            kind=fault.kind,
+            actor=fault.actor,
+            via="signal",
+            pid=pid,
+            phase=fault.phase,
+            observed=observed,
+            crash=fault.crash,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, SIGNALS[fault.kind])
+        if fault.kind == "sigstop":
+            self.stopped.append(pid)
+            if fault.stop_s is not None:
+                await trio.sleep(fault.stop_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+                self.ledger.write("note", what=f"fault #{fault.id}: SIGCONT to {pid}")
+
+    def release(self) -> None:
+        for pid in self.stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.stopped.clear()

@@ -1,0 +1,225 @@
+"""One chaos run: an engine under load while a schedule's faults fire, then its
+shutdown, then a leak check; everything goes to a ledger.
+
+Three targets (``RunConfig.mode``):
+
+* ``engine``: ``rt.open_engine`` in this process (plan faults through
+  ``fault_plan``; their stderr lines through a tap on fd 2);
+* ``server``: an ``rt-serve`` subprocess on 127.0.0.1 (``--fault-plan``),
+  driven over HTTP SSE and WebSocket, stopped by SIGTERM (a drain);
+* ``attach``: a running rt-serve at ``url``: signal faults only (its pids
+  must be on this host), no shutdown, no leak check.
+
+The shutdown phase: a few long requests are put in flight, the shutdown
+begins (leaving ``open_engine``; SIGTERM to rt-serve), and the schedule's
+shutdown fault, if any, kills an actor in the middle of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rt.chaos import leaks
+from rt.chaos.hogs import hogs
+from rt.chaos.inject import Injector
+from rt.chaos.ledger import Ledger
+from rt.chaos.load import Load
+from rt.chaos.monitor import Lines, Monitor, StderrTap, record_fault_lines
+from rt.chaos.schedule import Fault, Schedule
+from rt.chaos.targets import Target
+from rt.chaos.transports import Sender, run_request
+from rt.chaos.workload import RequestSpec, WorkloadConfig, draw_request
+
+SHUTDOWN_INDEX = 1_000_000  # the shutdown phase's requests: indexes of their own
+SETTLE_S = 60.0  # after the load, how long the actors get to be running again
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 1
+    mode: str = "engine"  # engine | server | attach
+    url: str | None = None
+    requests: int | None = 40
+    duration: float | None = None
+    concurrency: int = 8
+    timeout: float = 180.0  # per request
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    engine: dict[str, Any] = field(default_factory=dict)  # rt.EngineOptions
+    hogs: int = 0
+    shutdown_requests: int = 2
+    log_dir: str = "."
+
+    def draw(self, index: int) -> RequestSpec:
+        return draw_request(self.seed, index, self.workload)
+
+
+def shutdown_specs(config: RunConfig) -> list[RequestSpec]:
+    """Long, innocent, uncancelled requests that are in flight when the shutdown begins."""
+    calm = replace(
+        config.workload, cancel_share=0.0, invalid_share=0.0, fuzz_share=0.0, poison_markers=()
+    )
+    out = []
+    for k in range(config.shutdown_requests):
+        spec = draw_request(config.seed, SHUTDOWN_INDEX + k, calm)
+        out.append(replace(spec, max_new_tokens=config.workload.max_tokens[1] * 2, stream=True))
+    return out
+
+
+async def run_once(config: RunConfig, schedule: Schedule, ledger: Ledger) -> None:
+    ledger.write("run", seed=config.seed, mode=config.mode, schedule=schedule.to_json(),
+                 config=_jsonable(asdict(config)), started=time.time())  # fmt: skip
+    tag = leaks.tag_environment()
+    with hogs(config.hogs) as hog_pids:
+        if hog_pids:
+            ledger.write("note", what=f"{len(hog_pids)} CPU hog(s): {hog_pids}")
+        if config.mode == "engine":
+            await _run_engine(config, schedule, ledger, tag, hog_pids)
+        else:
+            from rt.chaos.http_run import run_attached, run_server
+
+            if config.mode == "server":
+                await run_server(config, schedule, ledger, tag, hog_pids)
+            else:
+                await run_attached(config, schedule, ledger)
+    ledger.write("done")
+
+
+def write_plan(config: RunConfig, schedule: Schedule) -> str | None:
+    plan = schedule.plan()
+    if plan is None:
+        return None
+    path = Path(config.log_dir) / f"plan-{config.seed}-{os.getpid()}-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(plan))
+    return str(path)
+
+
+async def drive(
+    config: RunConfig,
+    schedule: Schedule,
+    ledger: Ledger,
+    target: Target,
+    sender: Sender,
+    lines: Lines | None,
+) -> tuple[Load, Monitor]:
+    """The load, the monitor and the injector until the load is done and the
+    actors have settled."""
+    load: Load
+
+    async def one(spec: RequestSpec) -> None:
+        await run_request(spec, sender, ledger, load.live, config.timeout)
+
+    load = Load(config.draw, one, config.concurrency, config.requests, config.duration)
+    plan_faults = [f for f in schedule.faults if f.via == "plan"]
+    monitor = Monitor(target, ledger, load.live, plan_faults, lines, target.poll_s)
+    injector = Injector(load, monitor, ledger)
+    signals = [f for f in schedule.signals() if f.phase != "shutdown"]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.run)
+        nursery.start_soon(injector.run, signals)
+        await load()
+        with trio.move_on_after(SETTLE_S):
+            await monitor.wait_for(lambda m: all(a.state == "running" for a in m.actors.values()))
+        nursery.cancel_scope.cancel()
+    injector.release()
+    await monitor.sample()
+    return load, monitor
+
+
+async def put_in_flight(
+    config: RunConfig,
+    nursery: trio.Nursery,
+    sender: Sender,
+    ledger: Ledger,
+    load: Load,
+) -> None:
+    """Start the shutdown phase's requests and wait (bounded) for their first tokens."""
+    specs = shutdown_specs(config)
+    for spec in specs:
+        nursery.start_soon(run_request, spec, sender, ledger, load.live, config.timeout, True)
+    with trio.move_on_after(30):
+        await load.live.wait_for(
+            lambda live: all(
+                s.index in live.requests and live.requests[s.index].tokens > 0 for s in specs
+            )
+        )
+
+
+def shutdown_fault(schedule: Schedule) -> Fault | None:
+    return next((f for f in schedule.signals() if f.phase == "shutdown"), None)
+
+
+async def kill_during_shutdown(
+    fault: Fault, monitor: Monitor, ledger: Ledger, after_s: float
+) -> None:
+    from rt.chaos.inject import SIGNALS
+
+    info = monitor.actors.get(fault.actor)
+    if info is None or info.pid is None:
+        return
+    await trio.sleep(after_s)
+    ledger.write("fault", id=fault.id, kind=fault.kind, actor=fault.actor, via="signal",
+                 pid=info.pid, phase="shutdown", observed="shutdown", crash=fault.crash)  # fmt: skip
+    try:
+        os.kill(info.pid, SIGNALS[fault.kind])
+        if fault.kind == "sigstop":
+            await trio.sleep(fault.stop_s or 1.0)
+            os.kill(info.pid, 18)  # SIGCONT: a stopped actor must not outlive the run
+    except ProcessLookupError:
+        pass
+
+
+async def _run_engine(
+    config: RunConfig, schedule: Schedule, ledger: Ledger, tag: str, hog_pids: list[int]
+) -> None:
+    import rt
+    from rt.chaos.targets import EngineTarget
+    from rt.chaos.transports import engine_sender
+
+    options = dict(config.engine)
+    plan = write_plan(config, schedule)
+    if plan is not None:
+        options["fault_plan"] = plan
+    log = open(Path(config.log_dir) / f"stderr-{config.seed}.log", "ab")  # noqa: SIM115
+    with log, StderrTap(log).installed() as lines:
+        before = leaks.snapshot()
+        try:
+            async with trio.open_nursery() as outer:
+                async with rt.open_engine(**options) as engine:
+                    sender = engine_sender(engine)
+                    load, monitor = await drive(
+                        config, schedule, ledger, EngineTarget(engine), sender, lines
+                    )
+                    await put_in_flight(config, outer, sender, ledger, load)
+                    fault = shutdown_fault(schedule)
+                    if fault is not None:
+                        outer.start_soon(kill_during_shutdown, fault, monitor, ledger, 0.05)
+                    ledger.write("shutdown", what="leaving open_engine")
+                    started = time.monotonic()
+                ledger.write("shutdown", what="engine stopped", seconds=time.monotonic() - started)
+                for a in engine.actors():
+                    ledger.write("stopped", name=a.name, reason=a.last_exit_reason)
+        except Exception as err:  # an escalation comes out of open_engine as a group
+            ledger.write("escalated", error=_innermost(err))
+        plan_faults = [f for f in schedule.faults if f.via == "plan"]
+        record_fault_lines(ledger, lines, plan_faults, "shutdown")  # the last ones
+        for line in leaks.leaks(before, tag=tag, ignore_pids=hog_pids):
+            ledger.write("leak", what=line)
+        if plan is not None:
+            Path(plan).unlink(missing_ok=True)
+
+
+def _innermost(err: BaseException) -> str:
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:
+        err = err.exceptions[0]
+    return f"{type(err).__name__}: {str(err)[:400]}"
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))

@@ -1,0 +1,108 @@
+"""Every checker over one run's ledger, with the references they need.
+
+A :class:`Judge` holds the engine core that computes references (see
+:mod:`rt.chaos.reference`) and caches them by request index: a replay of
+the same seed (shrinking) sends the same requests, so only new ones cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rt.chaos import checks
+from rt.chaos.checks import Finding
+from rt.chaos.ledger import CANCELLED, COMPLETED, Ledger, RequestRecord
+from rt.chaos.reference import Job, Replayer
+from rt.chaos.schedule import Schedule
+
+
+@dataclass
+class Verdict:
+    findings: list[Finding] = field(default_factory=list)
+    checked: int = 0  # outputs compared with a reference
+    unchecked: int = 0  # outputs no reference could check (bfloat16, batched, no hints)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.findings)
+
+    def checkers(self) -> set[str]:
+        return {f.checker for f in self.findings}
+
+
+class Judge:
+    """``solo``: the requests ran one at a time, so in bfloat16 every output can be
+    compared with single runs (batched bfloat16 outputs are not reproducible)."""
+
+    def __init__(self, replayer: Replayer, solo: bool) -> None:
+        self.replayer, self.solo = replayer, solo
+        self._refs: dict[int, list[int]] = {}
+        self._prompts: dict[int, list[int]] = {}
+
+    @property
+    def exact(self) -> bool:
+        return self.replayer.dtype == "float32"
+
+    def judge(self, ledger: Ledger, schedule: Schedule) -> Verdict:
+        verdict = Verdict()
+        poison = set(schedule.poison_markers())
+        verdict.findings += checks.terminal(ledger)
+        verdict.findings += checks.outcomes(ledger, poison)
+        verdict.findings += checks.streams(ledger, self.replayer.decode)
+        verdict.findings += checks.engine(ledger)
+        outputs = [r for r in ledger.requests().values() if _checkable(r)]
+        verdict.findings += self._prompt_tokens(outputs)
+        if self.exact:
+            refs = self.references(outputs, batched=True)
+            verdict.findings += checks.against_reference(ledger, refs)
+            verdict.checked = len(outputs)
+        else:
+            refs = self.references(outputs, batched=False) if self.solo else {}
+            found, verdict.unchecked = checks.no_splicing(ledger, refs, self._continues)
+            verdict.findings += found
+            verdict.checked = len(outputs) - verdict.unchecked
+        return verdict
+
+    def job(self, rec: RequestRecord) -> Job:
+        if rec.index not in self._prompts:
+            self._prompts[rec.index] = self.replayer.encode(rec.spec["prompt"])
+        options = {
+            "max_new_tokens": rec.spec["max_new_tokens"],
+            "ignore_eos": True,
+            "temperature": rec.spec["temperature"],
+        }
+        if rec.spec["temperature"] > 0:
+            options.update(top_p=rec.spec["top_p"], seed=rec.spec["seed"])
+        return Job(str(rec.index), self._prompts[rec.index], options)
+
+    def references(self, recs: list[RequestRecord], batched: bool) -> dict[int, list[int]]:
+        missing = [r for r in recs if r.index not in self._refs]
+        if missing and batched:
+            got = self.replayer.reference([self.job(r) for r in missing])
+            self._refs.update({int(k): v for k, v in got.items()})
+        for r in missing if not batched else ():
+            self._refs[r.index] = self.replayer.reference([self.job(r)])[str(r.index)]
+        return {r.index: self._refs[r.index] for r in recs}
+
+    def _continues(self, rec: RequestRecord) -> checks.Continues:
+        job = self.job(rec)
+        return lambda prefix, expected: self.replayer.continues(job, prefix, expected)
+
+    def _prompt_tokens(self, recs: list[RequestRecord]) -> list[Finding]:
+        """The engine tokenized the prompt as the replays do (else a reference is moot)."""
+        out = []
+        for rec in recs:
+            said = (rec.end or {}).get("prompt_tokens")
+            if said is not None and said != len(self.job(rec).prompt_ids):
+                out.append(
+                    Finding(
+                        "mix-up",
+                        f"{said} prompt tokens reported, {len(self.job(rec).prompt_ids)} in its prompt",
+                        rec.index,
+                    )
+                )
+        return out
+
+
+def _checkable(rec: RequestRecord) -> bool:
+    return rec.spec.get("hostile") is None and rec.state in (COMPLETED, CANCELLED)

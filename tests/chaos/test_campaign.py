@@ -1,0 +1,90 @@
+"""The CI campaign: a short seeded rt-chaos run that must pass.
+
+In process (``rt.open_engine``, the shipped model, float32): 30 requests,
+6 at a time, greedy and seeded, some cancelled, a few invalid and a flood
+of two poison requests, while faults fire at all three actors: SIGKILL,
+SIGSEGV, os._exit, an exception, a GIL-holding hang, SIGSTOP, a delay and
+an out-of-memory error in the scheduler step, at frame boundaries, at
+steps and at phases (idle, prefill, decode, a restart, the shutdown). Every
+checker must pass: none lost or hung, streams intact, outputs equal to the
+fault-free run, no mix-up, the engine up, nothing leaked.
+
+Then the same through a real rt-serve (SSE and WebSocket) on the null
+model (no forward pass: the runtime alone), smaller.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rt.chaos.campaign import CampaignConfig, campaign
+from rt.chaos.report import render
+from rt.chaos.run import RunConfig
+from rt.chaos.schedule import MAIN_KINDS, ScheduleConfig
+from rt.chaos.workload import WorkloadConfig
+
+SEED = 11
+ACTORS = {"tokenizer0", "scheduler", "detokenizer"}
+ENGINE = {"watchdog_timeout": 3.0, "max_restarts": 40, "max_total_tokens": 1 << 15}
+
+
+@pytest.mark.slow
+async def test_a_seeded_campaign_in_process_passes(tmp_path: Path) -> None:
+    config = CampaignConfig(
+        run=RunConfig(
+            seed=SEED,
+            mode="engine",
+            requests=30,
+            concurrency=6,
+            timeout=240.0,
+            workload=WorkloadConfig(cancel_share=0.15, invalid_share=0.05),
+            engine=ENGINE,
+            log_dir=str(tmp_path),
+        ),
+        schedule=ScheduleConfig(faults=len(MAIN_KINDS), poison=2, frames=100, watchdog_s=3.0),
+        shrink_budget=0,
+    )
+    outcome = await campaign(config)
+    report = render(outcome)
+    assert not outcome.verdict.findings, report
+    planned = outcome.schedule.faults
+    assert {f.kind for f in planned} >= set(MAIN_KINDS), report
+    assert {f.actor for f in planned} >= ACTORS, report
+    fired = outcome.ledger.of_kind("fault")
+    assert {e["actor"] for e in fired} >= ACTORS, report
+    # every kind fired (a delay leaves no line to see it by); every fault, or the report says
+    assert {e["kind"] for e in fired} >= set(MAIN_KINDS) - {"delay"}, report
+    assert {e["id"] for e in fired} | {f.id for f in planned if f.kind == "delay"} == {
+        f.id for f in planned
+    }, report
+    assert sum(e["state"] == "completed" for e in outcome.ledger.of_kind("end")) >= 15, report
+
+
+@pytest.mark.slow
+async def test_a_small_campaign_over_http_passes(tmp_path: Path) -> None:
+    config = CampaignConfig(
+        run=RunConfig(
+            seed=SEED,
+            mode="server",
+            requests=16,
+            concurrency=4,
+            timeout=240.0,
+            workload=WorkloadConfig(
+                transports=("sse", "ws"), cancel_share=0.2, invalid_share=0.1, fuzz_share=0.1
+            ),
+            engine={**ENGINE, "load_format": "null"},
+            log_dir=str(tmp_path),
+        ),
+        schedule=ScheduleConfig(
+            kinds=("sigkill", "sigsegv", "exit"), faults=4, poison=1, frames=60, watchdog_s=3.0
+        ),
+        shrink_budget=0,
+    )
+    outcome = await campaign(config)
+    report = render(outcome)
+    assert not outcome.verdict.findings, report
+    transports = {e["spec"]["transport"] for e in outcome.ledger.of_kind("invoke")}
+    assert transports == {"sse", "ws"}, report
+    assert [e["code"] for e in outcome.ledger.of_kind("server")] == [0], report

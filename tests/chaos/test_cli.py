@@ -1,0 +1,80 @@
+"""rt-chaos's options become a campaign's configuration."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from rt.chaos.cli import build_parser, configure, duration
+
+
+def config(*argv: str):  # type: ignore[no-untyped-def]
+    return configure(build_parser().parse_args(list(argv)))
+
+
+def test_durations() -> None:
+    assert duration("90s") == 90 and duration("10m") == 600 and duration("1.5h") == 5400
+    assert duration("45") == 45
+    with pytest.raises(argparse.ArgumentTypeError):
+        duration("ten minutes")
+
+
+def test_defaults_start_rt_serve_with_sse_and_websocket_load() -> None:
+    c = config()
+    assert c.run.mode == "server" and c.run.workload.transports == ("sse", "ws")
+    assert c.run.requests == 60 and c.run.concurrency == 8
+    assert c.schedule.faults == 12 and c.schedule.poison == 3
+    assert c.run.engine["max_restarts"] >= c.schedule.faults
+
+
+def test_in_process_attach_and_duration() -> None:
+    assert config("--in-process").run.workload.transports == ("engine",)
+    attached = config("--url", "http://127.0.0.1:1234", "--duration", "5m")
+    assert attached.run.mode == "attach" and attached.run.requests is None
+    assert attached.run.duration == 300 and "shutdown" not in attached.schedule.phases
+    # no fault plan reaches a running server: signals only, no poison
+    assert set(attached.schedule.kinds) == {"sigkill", "sigsegv", "sigstop"}
+    assert attached.schedule.poison == 0 and attached.schedule.signal_share == 1.0
+
+
+def test_bfloat16_runs_one_at_a_time_without_the_prefix_cache() -> None:
+    c = config("--dtype", "bfloat16")
+    assert c.run.concurrency == 1 and c.run.engine["enable_prefix_cache"] is False
+    assert config("--dtype", "bfloat16", "--concurrency", "4").run.concurrency == 4
+
+
+def test_replay_and_fault_subsets() -> None:
+    c = config("--replay", "7", "--faults", "3,9", "--ring-capacity", "4096", "--hogs", "2")
+    assert c.run.seed == 7 and c.only == (3, 9)
+    assert c.run.engine["ring_capacity"] == 4096 and c.run.hogs == 2
+    assert config("--faults", "none").only == ()
+    with pytest.raises(SystemExit):
+        config("--kinds", "sigkill,explode")
+
+
+@pytest.mark.slow
+def test_a_failing_run_exits_1_with_its_shortest_schedule(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """End to end through main(): two planned detokenizer crashes where rt
+    allows one restart make the engine checker fail (an escalation); the
+    exit status is 1 and --json carries the shrunk schedule: both faults,
+    since either alone passes."""
+    import json
+
+    from rt.chaos.cli import main
+
+    kill = {"kind": "sigkill", "actor": "detokenizer", "via": "plan", "phase": "frame",
+            "point": "receive", "after": 2}  # fmt: skip
+    schedule = {"seed": 3, "faults": [kill | {"id": 0, "incarnation": 1},
+                                      kill | {"id": 1, "incarnation": 2}]}  # fmt: skip
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps(schedule))
+    argv = ["--in-process", "--load-format", "null", "--requests", "6", "--concurrency", "2",
+            "--poison", "0", "--hostile", "0", "--cancel", "0", "--max-restarts", "1",
+            "--schedule", str(path), "--shrink-budget", "4", "--log-dir", str(tmp_path),
+            "--json", "--quiet", "--timeout", "60"]  # fmt: skip
+    assert main(argv) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["passed"] and report["checks"]["engine"] == "FAIL"
+    assert report["shrunk"]["ids"] == [0, 1] and report["shrunk"]["for"] == "engine"
+    assert report["shrunk"]["replay"].startswith("rt-chaos --replay 3 --faults 0,1")

@@ -1,0 +1,58 @@
+"""The leak check sees a child left running, a zombie, a segment and an fd."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from rt.chaos import leaks
+
+
+def test_nothing_left_is_nothing_found() -> None:
+    before = leaks.snapshot()
+    assert leaks.leaks(before, settle_s=0) == []
+
+
+def test_children_zombies_segments_and_fds_are_found() -> None:
+    before = leaks.snapshot()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    while leaks.processes()[0].get(zombie.pid) != "Z":
+        pass
+    read, write = os.pipe()
+    name = f"rt_{os.getpid()}_leaktest_x"
+    open(f"/dev/shm/{name}", "w").close()
+    try:
+        found = "\n".join(leaks.leaks(before, settle_s=0))
+        assert f"zombies (children never reaped): [{zombie.pid}]" in found
+        assert f"child processes still running: [{running.pid}]" in found
+        assert name in found
+        assert "pipe:" in found
+    finally:
+        running.kill()
+        running.wait()
+        zombie.wait()
+        os.close(read)
+        os.close(write)
+        os.unlink(f"/dev/shm/{name}")
+    assert leaks.leaks(before, settle_s=0) == []
+
+
+def test_tagged_processes_that_are_not_our_children_are_orphans() -> None:
+    tag = leaks.tag_environment()
+    before = leaks.snapshot()
+    # a grandchild: its parent exits at once, so it is re-parented, not ours
+    script = (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+    found = leaks.leaks(before, tag=tag, settle_s=0)
+    try:
+        assert any(line.startswith("orphan processes still running") for line in found)
+    finally:
+        for line in found:
+            for pid in line.split("[", 1)[1].rstrip("]").split(", "):
+                os.kill(int(pid), 9)

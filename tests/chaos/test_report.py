@@ -1,0 +1,67 @@
+"""The report: one screen, and the same as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rt.chaos import figures
+from rt.chaos.campaign import CampaignConfig, Outcome
+from rt.chaos.checks import Finding
+from rt.chaos.ledger import Ledger
+from rt.chaos.report import render, summary
+from rt.chaos.run import RunConfig
+from rt.chaos.schedule import Fault, Schedule, ScheduleConfig
+from rt.chaos.shrink import Shrunk
+from rt.chaos.verdict import Verdict
+
+EVENTS: list[dict[str, Any]] = [
+    {"ev": "actor", "t": 0.0, "name": "scheduler", "state": "running", "incarnation": 1, "restarts": 0},
+    {"ev": "fault", "t": 1.0, "id": 0, "kind": "sigkill", "actor": "scheduler", "via": "signal",
+     "observed": "stream", "crash": True},
+    {"ev": "actor", "t": 1.1, "name": "scheduler", "state": "restarting", "incarnation": 1,
+     "restarts": 1, "exit_at": 1.01},
+    {"ev": "actor", "t": 3.0, "name": "scheduler", "state": "running", "incarnation": 2, "restarts": 1},
+    {"ev": "invoke", "t": 0.5, "req": 0, "spec": {"hostile": None}},
+    {"ev": "end", "t": 4.0, "req": 0, "state": "completed", "ids": [1], "text": "a"},
+]  # fmt: skip
+
+
+def outcome(findings: list[Finding]) -> Outcome:
+    fault = Fault(0, "sigkill", "scheduler", "signal", "stream")
+    ledger = Ledger.of(EVENTS)
+    out = Outcome(
+        CampaignConfig(RunConfig(seed=9), ScheduleConfig()),
+        Schedule(9, (fault,)),
+        ledger,
+        "ledger-9.jsonl",
+        Verdict(findings, checked=1),
+        figures.per_fault(ledger),
+        12.0,
+    )
+    if findings:
+        out.shrunk = Shrunk([fault], tries=3)
+    return out
+
+
+def test_a_passing_report() -> None:
+    text = render(outcome([]))
+    assert text.splitlines()[0].startswith("rt-chaos  seed 9  engine  float32")
+    assert "kind sigkill" in text and "actor scheduler" in text
+    assert text.endswith("PASS")
+    data = summary(outcome([]))
+    assert (
+        data["passed"]
+        and data["requests"]["completed"] == 1
+        and data["restarts"] == {"scheduler": 1}
+    )
+    assert data["figures"]["kind"]["sigkill"]["detect_s"]["max"] > 0
+    json.dumps(data)
+
+
+def test_a_failing_report_names_the_findings_and_the_shortest_schedule() -> None:
+    text = render(outcome([Finding("terminal", "hung", 0)]))
+    assert "[terminal] request 0: hung" in text
+    assert "shortest schedule that still fails [terminal]: 1 of 1 fault(s), 3 replays" in text
+    assert "rt-chaos --replay 9 --faults 0" in text
+    assert text.endswith("FAIL")

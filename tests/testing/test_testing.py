@@ -1,0 +1,61 @@
+"""rt.testing against a real engine and a real rt-serve (the null model: no
+forward pass, so the processes and rings are all that is tested)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import rt.testing as rtt
+
+NULL = {"load_format": "null", "max_total_tokens": 4096, "watchdog_timeout": 2.0}
+
+
+@pytest.mark.slow
+async def test_kill_stop_wait_and_count_on_an_engine() -> None:
+    with rtt.no_leaks():
+        plan = [rtt.crash("scheduler", "step", after=3)]
+        async with rtt.open_engine(faults=plan, **NULL) as engine:
+            ledger = rtt.Ledger()
+            first = await rtt.send(engine, ledger, "In the beginning", max_new_tokens=12)
+            assert first.state == "completed" and len(first.ids) == 12
+            assert await rtt.restart_count(engine, "scheduler") == 1  # the planned crash
+            await rtt.kill_actor(engine, "detokenizer")
+            await rtt.wait_restarted(engine, "detokenizer", restarts=1)
+            await rtt.wait_healthy(engine)
+            pid = await rtt.stop_actor(engine, "tokenizer0")  # a hang: the watchdog's
+            await rtt.wait_restarted(engine, "tokenizer0", restarts=1, timeout=60)
+            rtt.continue_actor(pid)  # gone already: no error
+            cancelled = await rtt.send(
+                engine, ledger, "And God said", max_new_tokens=50, cancel_after=2
+            )
+            assert cancelled.state == "cancelled"
+            rtt.assert_terminal(ledger)
+            assert len(ledger.requests()) == 2
+
+
+async def test_assert_terminal_names_what_never_ended() -> None:
+    ledger = rtt.Ledger()
+    ledger.write("invoke", req=7, spec={})
+    with pytest.raises(AssertionError, match="request 7: lost"):
+        rtt.assert_terminal(ledger)
+
+
+@pytest.mark.slow
+async def test_an_rt_serve_subprocess_with_a_fault_plan() -> None:
+    plan = [rtt.crash("detokenizer", "receive", after=5)]
+    with rtt.no_leaks() as before:
+        async with rtt.open_server("--load-format", "null", faults=plan) as server:
+            ledger = rtt.Ledger()
+            end = await rtt.send(server, ledger, "In the beginning", max_new_tokens=16)
+            assert end.state == "completed" and len(end.ids) == 16
+            with trio.fail_after(60):
+                await rtt.wait_restarted(server, "detokenizer", restarts=1)
+            await rtt.kill_actor(server, "scheduler")
+            await rtt.wait_restarted(server, "scheduler", restarts=1)
+            await rtt.wait_healthy(server)
+            assert (await rtt.send(server, ledger, "again", max_new_tokens=4)).state == "completed"
+            rtt.assert_terminal(ledger)
+            assert await server.stop() == 0
+            root = server.pid
+        rtt.assert_no_leaks(before, root_pids=[root])
