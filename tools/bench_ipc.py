@@ -17,7 +17,11 @@ large = one step's output for 64 requests (id + ~27 token ids each, ~8 KB pickle
 Figures: one-way throughput (the child sends, this process receives and decodes)
 and ping-pong round trips back to back (continuous traffic), medians over rounds.
 
-    python tools/bench_ipc.py [--rounds 3] [--quick] [--json]
+With ``--contend N`` the whole comparison runs twice: on the machine as it is
+(quiet), then beside N busy processes (``while True: pass``, started and
+killed by this tool, and each bounded in time), as on an oversubscribed host.
+
+    python tools/bench_ipc.py [--rounds 3] [--quick] [--contend N] [--transports rt,zmq] [--json]
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -119,7 +125,7 @@ def child(transport: str, mode: str, payload: str, n: int, addr: str) -> None:
         for _ in range(n):
             send(msg)
     else:
-        for _ in range(n):
+        for _ in range(n + 1):  # one untimed round trip first (see measure)
             send(recv())
     recv()  # done
     ctx.destroy(linger=0)
@@ -201,7 +207,7 @@ async def rt_child(mode: str, payload: str, n: int, addr: str) -> None:
         for _ in range(n // BATCH):
             await send(batch)
     else:
-        for _ in range(n):
+        for _ in range(n + 1):
             await send(await recv())
     await recv()  # done
     tx.close()
@@ -245,6 +251,10 @@ async def measure(
         await send("done")
         return [(n - 1) / elapsed]
     msg = message(payload, transport)
+    # One untimed round trip first: an rt send does not wait for the child to
+    # attach (a ZMQ PUSH does), so the first one would time the child's start-up.
+    await send(msg)
+    await recv()
     rtts = []
     for _ in range(n):
         start = time.perf_counter()
@@ -295,7 +305,7 @@ def mp_child(mode: str, payload: str, n: int, up: Any, down: Any) -> None:
         for _ in range(n):
             up.put(msg)
     else:
-        for _ in range(n):
+        for _ in range(n + 1):
             up.put(down.get())
     down.get()
 
@@ -340,7 +350,9 @@ def run(transport: str, mode: str, payload: str, n: int) -> list[float]:
     return run_zmq(transport, mode, payload, n)
 
 
-def bench(rounds: int, quick: bool) -> dict[str, dict[str, Result]]:
+def bench(
+    rounds: int, quick: bool, transports: tuple[str, ...] = TRANSPORTS
+) -> dict[str, dict[str, Result]]:
     counts = (
         {"small": (20_000, 2_000), "large": (4_000, 1_000)}
         if quick
@@ -349,7 +361,7 @@ def bench(rounds: int, quick: bool) -> dict[str, dict[str, Result]]:
     out: dict[str, dict[str, Result]] = {}
     for payload, (n_tp, n_rtt) in counts.items():
         out[payload] = {}
-        for transport in TRANSPORTS:
+        for transport in transports:
             tps, p50s, p99s = [], [], []
             for _ in range(rounds):
                 tps += run(transport, "throughput", payload, n_tp)
@@ -359,24 +371,49 @@ def bench(rounds: int, quick: bool) -> dict[str, dict[str, Result]]:
             out[payload][transport] = Result(
                 statistics.median(tps), statistics.median(p50s), statistics.median(p99s)
             )
-        batched = [run_rt("batched", payload, n_tp)[0] for _ in range(rounds)]
-        out[payload]["rt_batched"] = Result(statistics.median(batched), None, None)
+        if "rt" in transports:
+            batched = [run_rt("batched", payload, n_tp)[0] for _ in range(rounds)]
+            out[payload]["rt_batched"] = Result(statistics.median(batched), None, None)
     return out
+
+
+BUSY_LOOP = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end: pass"
+
+
+@contextmanager
+def busy_processes(n: int, limit_s: float) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``n`` processes that each keep a core busy (a bare Python loop), killed on
+    the way out and, should this tool be killed first, gone after ``limit_s``."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUSY_LOOP.format(limit=limit_s)], stdin=subprocess.DEVNULL
+        )
+        for _ in range(n)
+    ]
+    try:
+        time.sleep(0.2)  # let them reach their loop
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
 
 
 def table(results: dict[str, dict[str, Result]]) -> str:
     lines = [
         f"{'payload':8} {'transport':13} {'msgs/s':>10} {'vs zmq':>7} "
-        f"{'rtt p50 µs':>11} {'rtt p99 µs':>11} {'p50 vs zmq':>11}"
+        f"{'rtt p50 µs':>11} {'rtt p99 µs':>11} {'p50 vs zmq':>11} {'p99 vs zmq':>11}"
     ]
     for payload, by_transport in results.items():
         zmq_r = by_transport["zmq"]
         for name, r in by_transport.items():
             rtt = (
                 f"{r.rtt_p50_us:11.1f} {r.rtt_p99_us:11.1f} "
-                f"{r.rtt_p50_us / (zmq_r.rtt_p50_us or 1):10.2f}x"
+                f"{r.rtt_p50_us / (zmq_r.rtt_p50_us or 1):10.2f}x "
+                f"{r.rtt_p99_us / (zmq_r.rtt_p99_us or 1):10.2f}x"
                 if r.rtt_p50_us is not None and r.rtt_p99_us is not None
-                else f"{'-':>11} {'-':>11} {'-':>11}"
+                else f"{'-':>11} {'-':>11} {'-':>11} {'-':>11}"
             )
             lines.append(
                 f"{payload:8} {name:13} {r.msgs_per_s:10.0f} "
@@ -393,17 +430,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument(
+        "--contend",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run beside N busy processes, and report both tables",
+    )
+    parser.add_argument(
+        "--contend-limit",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="seconds after which a busy process stops by itself (default 1800)",
+    )
+    parser.add_argument(
+        "--transports",
+        default=",".join(TRANSPORTS),
+        help=f"which to compare, comma-separated, zmq among them (default {','.join(TRANSPORTS)})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    results = bench(args.rounds, args.quick)
+    transports = tuple(args.transports.split(","))
+    if "zmq" not in transports or not set(transports) <= set(TRANSPORTS):
+        parser.error(f"--transports: a subset of {','.join(TRANSPORTS)} with zmq in it")
+    # SIGTERM unwinds like Ctrl-C, so the busy processes are killed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    results = bench(args.rounds, args.quick, transports)
+    if not args.contend:
+        print(as_json(results) if args.json else table(results))
+        return
+    with busy_processes(args.contend, args.contend_limit):
+        contended = bench(args.rounds, args.quick, transports)
     if args.json:
         print(
-            json.dumps(
-                {p: {t: dataclasses.asdict(r) for t, r in by.items()} for p, by in results.items()}
-            )
+            f'{{"busy_processes": {args.contend}, "quiet": {as_json(results)}, '
+            f'"contended": {as_json(contended)}}}'
         )
     else:
-        print(table(results))
+        print(f"quiet\n{table(results)}\n\nbeside {args.contend} busy processes\n")
+        print(table(contended))
+
+
+def as_json(results: dict[str, dict[str, Result]]) -> str:
+    return json.dumps(
+        {p: {t: dataclasses.asdict(r) for t, r in by.items()} for p, by in results.items()}
+    )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 """The two endpoints of a ring, shaped like trio's memory channels.
 
-Waiting is the eventcount pattern: spin briefly, then set our ``sleeping``
-flag, fence, re-check, and park on our doorbell with
-``trio.lowlevel.wait_readable``. The peer rings the doorbell only when it
-sees the flag, so a busy ring makes no system calls. A parked endpoint wakes
-every ``LIVENESS_S`` to check that its peer's process is still alive, so a
-dead peer turns into :class:`~rt.errors.Broken`, never into a hang.
+Waiting (rt/shm/waiter.py) spins while spinning pays off, then parks on a
+doorbell the peer rings only when it sees our ``sleeping`` slot set; a
+parked endpoint checks every ``waiter.LIVENESS_S`` that its peer's process is
+still alive, so a dead peer turns into :class:`~rt.errors.Broken`, never
+into a hang.
 
 ``Broken`` is not sticky: when a restarted peer attaches to the same ring,
 the endpoint works again. Frames already in the ring are never lost: a
@@ -16,40 +15,23 @@ that the producer is gone.
 
 from __future__ import annotations
 
-import struct
-import time
-from collections.abc import Callable, Sequence
+import secrets
+from collections.abc import Sequence
 from typing import TypeAlias
 
 import trio
 
 from rt.errors import Broken, Closed, EndOfChannel, SegmentError, WouldBlock
 from rt.shm import layout
-from rt.shm.doorbell import Doorbell
-from rt.shm.ring import (
-    Endpoint,
-    Frame,
-    RingSpec,
-    fence,
-    fence_acquire,
-    fence_release,
-    side_prefix,
-)
-from rt.shm.segment import Segment, unlink
+from rt.shm.memory_order import fence_acquire, fence_release
+from rt.shm.ring import Endpoint, Frame, RingSpec, side_prefix
+from rt.shm.segment import SHM_DIR, Segment, unlink
+from rt.shm.waiter import Waiter
 
 Payload: TypeAlias = "bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]"
 
-# How long to spin before parking. A wake from sleep costs ~100 µs on this
-# VM, so under continuous traffic (the last wait ended within HOT_GAP_S) an
-# endpoint spins longer than a wake: otherwise one side parks, its late reply
-# makes the other park too, and every round trip pays two wakes from then on.
-# After a quiet spell it spins only briefly, so an idle ring costs ~0% CPU.
-SPIN_S = 20e-6
-SPIN_HOT_S = 250e-6
-HOT_GAP_S = 1e-3
-LIVENESS_S = 0.2  # a parked endpoint checks its peer this often
-_SIDE = struct.Struct("<Q")
 SMALL_FRAME = 4096  # received as bytes (one C call); bigger ones as a writable bytearray
+SIDE_NAME_TRIES = 8  # fresh names tried for a side segment before giving up
 _HEAD, _TAIL, _DATA = layout.HEAD_SLOT, layout.TAIL_SLOT, layout.DATA_OFFSET
 _CONSUMER_SLEEPING, _CONSUMER_CLOSED = layout.CONSUMER_SLEEPING, layout.CONSUMER_CLOSED
 _new_tuple = tuple.__new__  # builds a Frame in C: half the cost of Frame(...)
@@ -61,58 +43,6 @@ def as_chunks(data: Payload) -> list[memoryview]:
     if isinstance(data, bytearray | memoryview):
         return [memoryview(data).cast("B")]
     return [memoryview(c) if type(c) is bytes else memoryview(c).cast("B") for c in data]
-
-
-class Waiter:
-    """Parks one endpoint (or a fan-in) until its condition holds, with a spin
-    that adapts to traffic (see SPIN_HOT_S). Counts the times it slept."""
-
-    def __init__(self, fd: int, set_sleeping: Callable[[int], None]) -> None:
-        self.fd = fd
-        self.set_sleeping = set_sleeping
-        self.hot = False
-        self.sleeps = 0
-
-    async def wait(self, ready: Callable[[], bool], check_peer: Callable[[], None]) -> None:
-        start = time.perf_counter()
-        try:
-            spin = SPIN_HOT_S if self.hot else SPIN_S
-            self.sleeps += await park(ready, self.set_sleeping, self.fd, check_peer, spin)
-        finally:
-            self.hot = time.perf_counter() - start < HOT_GAP_S
-
-
-async def park(
-    ready: Callable[[], bool],
-    set_sleeping: Callable[[int], None],
-    fd: int,
-    check_peer: Callable[[], None],
-    spin: float = SPIN_S,
-) -> bool:
-    """Return once ``ready()`` holds. Returns whether we actually slept.
-    ``check_peer`` raises when waiting longer is pointless (peer dead)."""
-    deadline = time.perf_counter() + spin
-    while time.perf_counter() < deadline:
-        if ready():
-            return False
-    check_peer()
-    slept = False
-    while True:
-        set_sleeping(1)
-        fence()  # order "sleeping = 1" before the re-check's loads
-        if ready():
-            set_sleeping(0)
-            return slept
-        slept = True
-        try:
-            with trio.move_on_after(LIVENESS_S):
-                await trio.lowlevel.wait_readable(fd)
-        finally:
-            set_sleeping(0)
-        Doorbell(fd).drain()
-        if ready():
-            return slept
-        check_peer()
 
 
 class RingSender(Endpoint):
@@ -132,7 +62,7 @@ class RingSender(Endpoint):
         self._max_inline = spec.capacity // 2
         self._waiting_for = 0
         self._full_message = f"ring {spec.name!r} has no room for this frame"
-        self._waiter = Waiter(spec.space_fd, self._set_sleeping)
+        self._waiter = Waiter(spec.space_fd, self._set_sleeping, self.peer_fds)
         self._data = self._ring.data
         self._words = self._ring.words
         self._tail_seen = self._tail()
@@ -172,13 +102,15 @@ class RingSender(Endpoint):
         await trio.lowlevel.checkpoint_if_cancelled()
         chunks = as_chunks(data)
         need = self._send(chunks, block_ok=True)
+        parked = False
         if need:
             self._waiting_for = need
-            await self._waiter.wait(
+            parked = await self._waiter.wait(
                 lambda: self._room() >= need or self.peer_closed(), self._check_consumer
             )
             self._send(chunks, block_ok=False)
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if not parked:  # parking went through trio's scheduler already
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     def close(self) -> None:
         """Close this side: the receiver gets EndOfChannel once it has read every frame."""
@@ -225,8 +157,7 @@ class RingSender(Endpoint):
         need = layout.FRAME_HEADER + ((length + 7) & ~7)
         inline = need <= self._max_inline
         if not inline:
-            side_name = f"{side_prefix(self.spec.name)}{head}"
-            need = layout.frame_size(_SIDE.size + len(side_name))
+            need = layout.side_frame_size(head)
         if self._capacity - (head - slots[layout.TAIL_SLOT]) < need:
             if block_ok:
                 return need
@@ -234,7 +165,7 @@ class RingSender(Endpoint):
         if inline:
             new_head = self._ring.write_frame(head, layout.KIND_INLINE, chunks, length)
         else:
-            body = _write_side(side_name, chunks, length)
+            body = _write_side(self.spec.name, head, chunks, length)
             new_head = self._ring.write_frame(head, layout.KIND_SIDE, [body], body.nbytes)
         self._publish(new_head)
         return 0
@@ -270,7 +201,7 @@ class RingReceiver(Endpoint):
         self._capacity = spec.capacity
         self._mask = spec.capacity - 1
         self._empty_message = f"ring {spec.name!r} is empty"
-        self._waiter = Waiter(spec.data_fd, self.set_sleeping)
+        self._waiter = Waiter(spec.data_fd, self.set_sleeping, self.peer_fds)
         self._head_seen = self._read  # the producer's head when we last read it
         self._words = self._ring.words
         self._map = self._segment.buf
@@ -316,7 +247,7 @@ class RingReceiver(Endpoint):
             length, kind = length & 0xFFFFFFFF, length >> 32
             data = self._ring.read_payload(at, length)
             if kind == layout.KIND_SIDE:
-                data, self._sides[at + layout.frame_size(length)] = _read_side(data)
+                data, self._sides[at + layout.frame_size(length)] = _read_side(self.spec.name, data)
         self._read = at + 8 + ((length + 7) & ~7)
         self._received += 1
         return data
@@ -324,25 +255,29 @@ class RingReceiver(Endpoint):
     async def receive(self) -> Frame:
         """The next frame, waiting for one. Raises Broken if the sender died and
         every frame it published has been received, EndOfChannel if it closed."""
-        await self._wait_frame()
+        parked = await self._wait_frame()
         frame = self.receive_nowait()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if not parked:  # parking went through trio's scheduler already
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return frame
 
     async def receive_data(self) -> bytes | bytearray:
         """The next frame's payload, waiting for one (see receive_data_nowait)."""
-        await self._wait_frame()
+        parked = await self._wait_frame()
         data = self.receive_data_nowait()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if not parked:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return data
 
-    async def _wait_frame(self) -> None:
+    async def _wait_frame(self) -> bool:
+        """Wait for a frame; returns whether it parked (see Waiter.wait)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        if not self.has_frame():
-            self.release_producer()
-            await self._waiter.wait(
-                lambda: self.has_frame() or self.peer_closed(), self.check_producer
-            )
+        if self.has_frame():
+            return False
+        self.release_producer()
+        return await self._waiter.wait(
+            lambda: self.has_frame() or self.peer_closed(), self.check_producer
+        )
 
     def commit(self, frame: Frame | None = None) -> None:
         """Release every frame up to and including ``frame`` (default: all received).
@@ -428,28 +363,55 @@ class RingReceiver(Endpoint):
             raise StopAsyncIteration from None
 
 
-def _write_side(name: str, chunks: list[memoryview], length: int) -> memoryview:
-    """Put a frame too big for the ring in a side segment of its own (named
-    after the frame's offset); return the body of the ring frame that points to it.
-    The receiver unlinks the side segment when it commits the frame."""
-    try:
-        side = Segment.create(name, max(length, 1))
-    except SegmentError:  # left by a predecessor that died before publishing
-        unlink(name)
-        side = Segment.create(name, max(length, 1))
+def side_token() -> str:
+    """The random part of a side segment's name (not guessable by another local user)."""
+    return secrets.token_hex(layout.SIDE_TOKEN_HEX // 2)
+
+
+def _write_side(ring_name: str, head: int, chunks: list[memoryview], length: int) -> memoryview:
+    """Put a frame too big for the ring in a side segment of its own; return the
+    body of the side frame that points to it. The receiver unlinks the side
+    segment when it commits the frame; ``Ring.close`` unlinks any left (by a
+    sender that died before publishing one).
+
+    The name is the ring's side prefix, the frame's offset and a random token:
+    a name already taken (by anyone: another local user can create names in
+    /dev/shm) is never reused or unlinked, a fresh one is drawn instead."""
+    prefix = side_prefix(ring_name)
+    for _ in range(SIDE_NAME_TRIES):
+        suffix = f"{head}_{side_token()}"
+        side = Segment.create_new(prefix + suffix, max(length, 1))
+        if side is not None:
+            break
+    else:
+        raise SegmentError(
+            f"cannot create a side segment for a {length}-byte frame of ring {ring_name!r}: "
+            f"{SIDE_NAME_TRIES} fresh random names under {prefix!r} were all taken in "
+            f"{SHM_DIR}. Another process is creating segments under this run's names: "
+            f"find it (ls -l {SHM_DIR}); frames up to half the ring's capacity do not "
+            "need a side segment"
+        )
     with memoryview(side.buf) as view:
         pos = 0
         for chunk in chunks:
             view[pos : pos + chunk.nbytes] = chunk
             pos += chunk.nbytes
     side.close()
-    return memoryview(_SIDE.pack(length) + name.encode())
+    return memoryview(layout.side_body(length, suffix))
 
 
-def _read_side(body: bytearray) -> tuple[bytearray, str]:
-    (length,) = _SIDE.unpack_from(body)
-    name = body[_SIDE.size :].decode()
+def _read_side(ring_name: str, body: bytearray) -> tuple[bytearray, str]:
+    """The payload a side frame points to, and the side segment's name. Only a
+    segment under this ring's side prefix is ever opened (and later unlinked)."""
+    try:
+        length, suffix = layout.parse_side_body(body)
+    except ValueError as err:
+        raise SegmentError(f"ring {ring_name!r} holds a corrupt side frame: {err}") from err
+    name = side_prefix(ring_name) + suffix
     side = Segment.open(name)
+    if (size := side.size) < length:
+        side.close()
+        raise SegmentError(f"side segment {name!r} holds {size} bytes, not the {length} expected")
     data = bytearray(length)
     with memoryview(side.buf) as view:
         data[:] = view[:length]

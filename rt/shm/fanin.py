@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import trio
 
 from rt.errors import Broken, EndOfChannel, WouldBlock
-from rt.shm.channel import RingReceiver, Waiter
+from rt.shm.channel import RingReceiver
 from rt.shm.ring import Frame, RingSpec, RingStatistics
+from rt.shm.waiter import Waiter
 
 
 class FanInReceiver:
@@ -26,7 +27,7 @@ class FanInReceiver:
         for i, rx in enumerate(self._rings):
             rx.source = i
         self._next = 0
-        self._waiter = Waiter(self._fd, self._set_sleeping)
+        self._waiter = Waiter(self._fd, self._set_sleeping, self._peer_fds)
 
     @classmethod
     def attach(cls, specs: Sequence[RingSpec]) -> FanInReceiver:
@@ -53,14 +54,16 @@ class FanInReceiver:
 
     async def receive(self) -> Frame:
         await trio.lowlevel.checkpoint_if_cancelled()
+        parked = False
         try:
             frame = self.receive_nowait()
         except WouldBlock:
             for rx in self._rings:
                 rx.release_producer()
-            await self._waiter.wait(self._ready, self._check_producers)
+            parked = await self._waiter.wait(self._ready, self._check_producers)
             frame = self.receive_nowait()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if not parked:  # parking went through trio's scheduler already
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return frame
 
     def commit(self, frame: Frame) -> None:
@@ -70,6 +73,7 @@ class FanInReceiver:
         return tuple(rx.statistics() for rx in self._rings)
 
     def close(self) -> None:
+        self._waiter.close()
         for rx in self._rings:
             rx.close()
 
@@ -79,6 +83,18 @@ class FanInReceiver:
 
     def _ready(self) -> bool:
         return any(rx.has_frame() or rx.peer_closed() for rx in self._rings)
+
+    def _peer_fds(self) -> tuple[tuple[int, int], ...] | None:
+        """Every producer's (pid, pidfd), or None if one cannot be watched or is
+        dead (see Waiter: a dead producer's pidfd would wake the fan-in forever,
+        while the others are alive and it must go on waiting)."""
+        fds: list[tuple[int, int]] = []
+        for rx in self._rings:
+            one = rx.peer_fds()
+            if one is None or not rx.peer_alive():
+                return None
+            fds += one
+        return tuple(fds)
 
     def _set_sleeping(self, value: int) -> None:
         for rx in self._rings:

@@ -17,7 +17,13 @@ payload, padded to 8 bytes. Offsets are multiples of 8 and the capacity is a
 power of two, so a header never straddles the end of the data area; a payload
 may, and is then written and read in two pieces.
 
-Memory ordering (x86-64, TSO): the producer writes a frame's bytes, then
+A frame bigger than half the ring travels in a side segment of its own; the
+ring carries a *side frame* (kind 1) whose payload is the real length (u64)
+and the side segment's name after the ring's side prefix
+(``<offset>_<random hex>``). Half the ring must hold the biggest side frame,
+hence :data:`MIN_RING_CAPACITY`.
+
+Memory ordering (x86-64, TSO; see memory_order.py): the producer writes a frame's bytes, then
 publishes it with one aligned 8-byte store to ``head``; stores are not
 reordered with older stores, so a consumer that loads the new ``head`` sees
 the bytes. The same holds for ``tail`` and the space it frees. Counters are
@@ -28,8 +34,11 @@ zeroes a field before writing it and a reader can see the torn value.
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from collections.abc import Sequence
+
+from rt.errors import ConfigError
 
 MAGIC = int.from_bytes(b"RTRING01", "little")
 DATA_OFFSET = 4096
@@ -47,6 +56,13 @@ PRODUCER_SLEEPING, PRODUCER_PID, PRODUCER_CLOSED = 256 // 8, 256 // 8 + 1, 256 /
 
 KIND_INLINE = 0
 KIND_SIDE = 1  # the payload names a side segment that holds the real payload
+
+SIDE_BODY = struct.Struct("<Q")  # a side frame: the real payload's length, then the name suffix
+SIDE_TOKEN_HEX = 16  # random hex digits in a side segment's name: not guessable in advance
+SIDE_SUFFIX_MAX = 20 + 1 + SIDE_TOKEN_HEX  # "<offset: a u64, up to 20 digits>_<token>"
+_SIDE_SUFFIX = re.compile(rf"[0-9]{{1,20}}_[0-9a-f]{{{SIDE_TOKEN_HEX}}}")
+MIN_RING_CAPACITY = 128
+NAME_MAX = 255  # a POSIX shared-memory name, as /dev/shm stores it
 
 
 def align8(n: int) -> int:
@@ -83,10 +99,54 @@ def segment_size(capacity: int) -> int:
 
 
 def check_capacity(capacity: int) -> None:
+    """What the layout itself can address (the pure core; see check_ring_capacity)."""
     if capacity < 64 or capacity & (capacity - 1) or capacity > MAX_CAPACITY:
         raise ValueError(
             f"ring capacity must be a power of two from 64 bytes to 4 GiB, got {capacity}"
         )
+
+
+def side_frame_size(offset: int) -> int:
+    """Bytes the side frame written at counter ``offset`` takes in the ring."""
+    return frame_size(SIDE_BODY.size + len(str(offset)) + 1 + SIDE_TOKEN_HEX)
+
+
+MAX_SIDE_FRAME = frame_size(SIDE_BODY.size + SIDE_SUFFIX_MAX)
+assert MAX_SIDE_FRAME <= MIN_RING_CAPACITY // 2, "the smallest ring must carry every side frame"
+
+
+def check_ring_capacity(capacity: int, name: str) -> None:
+    """Refuse a ring that could not carry every frame: any frame bigger than half
+    the ring goes to a side segment, so half the ring must hold the side frame
+    that points to it, and the side segment's name must be a valid name."""
+    if capacity < MIN_RING_CAPACITY or capacity & (capacity - 1) or capacity > MAX_CAPACITY:
+        raise ConfigError(
+            f"ring capacity must be a power of two from {MIN_RING_CAPACITY} bytes to 4 GiB, "
+            f"got {capacity}: a frame bigger than half the ring travels in a side segment, "
+            f"and half the ring must hold the {MAX_SIDE_FRAME}-byte frame that points to it. "
+            f"Use a capacity of at least {MIN_RING_CAPACITY} (rt's default is 1 MiB)"
+        )
+    longest = len(name) + 2 + SIDE_SUFFIX_MAX  # the side prefix adds "_x"
+    if longest > NAME_MAX:
+        raise ConfigError(
+            f"ring name {name!r} is {len(name)} characters: its side segments' names would "
+            f"reach {longest}, over the {NAME_MAX} a shared-memory name may have; shorten "
+            f"the ring's tag by {longest - NAME_MAX} characters or more"
+        )
+
+
+def side_body(length: int, suffix: str) -> bytes:
+    """The payload of a side frame: the real payload's length and the side segment's suffix."""
+    return SIDE_BODY.pack(length) + suffix.encode()
+
+
+def parse_side_body(body: bytes | bytearray) -> tuple[int, str]:
+    """(real length, name suffix) of a side frame; ValueError if it is not one."""
+    (length,) = SIDE_BODY.unpack_from(body)
+    suffix = bytes(body[SIDE_BODY.size :]).decode("ascii", "replace")
+    if not _SIDE_SUFFIX.fullmatch(suffix):
+        raise ValueError(f"not a side frame: the name suffix is {suffix[:40]!r}")
+    return length, suffix
 
 
 class RingLayout:

@@ -10,33 +10,19 @@ from __future__ import annotations
 
 import os
 import select
-import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Self
 
 import trio
 
 from rt.errors import SegmentError
 from rt.shm import layout
 from rt.shm.doorbell import Doorbell
+from rt.shm.memory_order import check_memory_order, fence
 from rt.shm.segment import Segment, list_segments, unlink
 
 if TYPE_CHECKING:
-    from rt.shm.channel import Waiter
-
-# Acquiring a lock is a locked instruction on x86: a full barrier, which
-# orders an earlier store before a later load (plain TSO does not). The
-# doorbell protocol needs one between "set sleeping" and "re-check", and
-# between "publish" and "is the peer sleeping?". Hot paths inline
-# `fence_acquire(); fence_release()` (75 ns; `with FENCE: pass` costs 160 ns).
-FENCE = threading.Lock()
-fence_acquire, fence_release = FENCE.acquire, FENCE.release
-
-
-def fence() -> None:
-    """A full memory barrier (see FENCE)."""
-    fence_acquire()
-    fence_release()
+    from rt.shm.waiter import Waiter
 
 
 @dataclass(frozen=True)
@@ -70,8 +56,13 @@ class Ring:
     def create(
         cls, prefix: str, tag: str, capacity: int = 1 << 20, data_bell: Doorbell | None = None
     ) -> Ring:
-        layout.check_capacity(capacity)
-        segment = Segment.create(f"{prefix}_{tag}", layout.segment_size(capacity))
+        """A new ring named ``<prefix>_<tag>`` (``prefix`` from :func:`new_run_prefix`).
+        Raises ConfigError off x86-64 (see memory_order.py) and for a capacity
+        that could not carry every frame (see layout.check_ring_capacity)."""
+        check_memory_order()
+        name = f"{prefix}_{tag}"
+        layout.check_ring_capacity(capacity, name)
+        segment = Segment.create(name, layout.segment_size(capacity))
         ring_layout = layout.RingLayout(segment.buf, capacity)
         ring_layout.init(os.getpid())
         ring_layout.release()
@@ -107,6 +98,7 @@ class Ring:
 
 
 def side_prefix(ring_name: str) -> str:
+    """Every side segment of ring ``ring_name`` is named this plus a side frame's suffix."""
     return f"{ring_name}_x"
 
 
@@ -142,7 +134,8 @@ class RingStatistics:
 
 class PeerWatch:
     """Is the process at a given pid still running? Uses a pidfd, which turns
-    readable when the process exits (zombies included), so no signal races."""
+    readable when the process exits (zombies included), so no signal races;
+    a parked endpoint waits on it too (see waiter.py)."""
 
     def __init__(self) -> None:
         self._pid = 0
@@ -163,6 +156,16 @@ class PeerWatch:
         readable, _, _ = select.select([self._fd], [], [], 0)
         return not readable
 
+    def watch_fd(self, pid: int) -> int | None:
+        """A pidfd that turns readable when the peer at ``pid`` exits (at once if
+        it has); None when there is none to wait on (no peer yet, this process,
+        or gone before its pidfd could be opened)."""
+        if pid == 0 or pid == os.getpid():
+            return None
+        if pid != self._pid:
+            self.alive(pid)  # opens the pidfd
+        return self._fd
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -182,6 +185,7 @@ class Endpoint:
     PEER_CLOSED: int
 
     def __init__(self, spec: RingSpec) -> None:
+        check_memory_order()
         self.spec = spec
         self._segment = Segment.open(spec.name)
         self._ring = layout.RingLayout(self._segment.buf, spec.capacity)
@@ -203,6 +207,12 @@ class Endpoint:
 
     def peer_closed(self) -> bool:
         return bool(self._slots[self.PEER_CLOSED])
+
+    def peer_fds(self) -> tuple[tuple[int, int], ...] | None:
+        """The peer's (pid, pidfd) to park on (see Waiter), or None."""
+        pid = self._slots[self.PEER_PID]
+        fd = self._peer.watch_fd(pid)
+        return None if fd is None else ((pid, fd),)
 
     def statistics(self) -> RingStatistics:
         in_use = 0 if self._closed else layout.used(self._head(), self._tail())
@@ -240,11 +250,12 @@ class Endpoint:
         self._slots[self.MY_CLOSED] = 1
         fence()
         Doorbell(peer_fd).ring()
+        self._waiter.close()
         self._peer.close()
         self._ring.release()
         self._segment.close()
 
-    def __enter__(self) -> Endpoint:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,8 +1,20 @@
 """POSIX shared-memory segments: creation, naming, unlinking and the start-up sweep.
 
-Every segment of a run is named ``/rt_<pid>_<hex>_<tag>``: ``pid`` is the run's
-root process (the supervisor), ``hex`` a random per-run token. A segment whose
-root process is dead belongs to a dead run, and :func:`sweep` unlinks it.
+Every segment of a run is named ``/rt_<pid>_<ns>_<boot>_<hex>_<tag>``:
+
+* ``pid`` is the run's root process (the supervisor), as its own pid
+  namespace numbers it;
+* ``ns`` is that pid namespace's inode (``/proc/self/ns/pid``, hex) and
+  ``boot`` the first 8 hex digits of the kernel's boot id: two runs that share
+  /dev/shm and a uid but not a pid namespace (two containers of one pod,
+  ``--ipc=host``) see each other's segments, and a pid is only meaningful in
+  the namespace (and boot) that issued it;
+* ``hex`` is a random per-run token.
+
+:func:`sweep` unlinks a segment only when it can prove the run dead: its root
+pid is gone from *this* pid namespace of *this* boot, or it comes from
+another boot. Segments of other namespaces, of older naming schemes, or of a
+run whose namespace this process cannot read, are never touched.
 
 Segments are made with ``posix_ipc`` and mapped with ``mmap``, never through
 ``multiprocessing.shared_memory``: the latter registers each segment with
@@ -12,27 +24,63 @@ exits, behind the runtime's back.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import re
 import secrets
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import posix_ipc
 
 from rt.errors import SegmentError
 
 SHM_DIR = "/dev/shm"
-NAME_RE = re.compile(r"^rt_(\d+)_([0-9a-f]+)_")
+NAME_RE = re.compile(r"^rt_(\d+)_([0-9a-f]+)_([0-9a-f]{8})_([0-9a-f]{8})_")
+UNKNOWN_NS, UNKNOWN_BOOT = "0", "0" * 8  # what this process could not read: never swept
+
+
+class RunIdentity(NamedTuple):
+    """Where a pid means something: a pid namespace (its inode) in one boot."""
+
+    pid_ns: str
+    boot: str
+
+    @property
+    def known(self) -> bool:
+        return self.pid_ns != UNKNOWN_NS and self.boot != UNKNOWN_BOOT
+
+
+@functools.cache
+def this_run_identity() -> RunIdentity:
+    """This process's pid namespace and boot (read once: neither changes under it)."""
+    try:
+        pid_ns = format(os.stat("/proc/self/ns/pid").st_ino, "x")
+    except OSError:
+        pid_ns = UNKNOWN_NS
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:8].lower()
+    except OSError:
+        boot = ""
+    if not re.fullmatch(r"[0-9a-f]{8}", boot):
+        boot = UNKNOWN_BOOT
+    return RunIdentity(pid_ns, boot)
 
 
 def new_run_prefix(pid: int | None = None) -> str:
     """A fresh prefix for the segments of one run, rooted at ``pid`` (default: this process)."""
-    return f"rt_{os.getpid() if pid is None else pid}_{secrets.token_hex(4)}"
+    ident = this_run_identity()
+    return run_prefix(os.getpid() if pid is None else pid, ident, secrets.token_hex(4))
+
+
+def run_prefix(pid: int, ident: RunIdentity, token: str) -> str:
+    return f"rt_{pid}_{ident.pid_ns}_{ident.boot}_{token}"
 
 
 def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists (a zombie counts as alive)."""
+    """True while ``pid`` exists in this pid namespace (a zombie counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -40,6 +88,19 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def run_is_dead(name: str, me: RunIdentity) -> bool:
+    """Whether the run that made segment ``name`` is provably gone, seen from ``me``."""
+    match = NAME_RE.match(name)
+    if match is None or not me.known:
+        return False
+    pid, pid_ns, boot = int(match.group(1)), match.group(2), match.group(3)
+    if boot != me.boot:
+        # Made before this boot (a /dev/shm that outlived a reboot): dead,
+        # unless its boot is unknown, which proves nothing.
+        return boot != UNKNOWN_BOOT
+    return pid_ns == me.pid_ns and not pid_alive(pid)
 
 
 @dataclass
@@ -52,10 +113,24 @@ class Segment:
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
         """Create a new segment of ``size`` bytes, mode 0600. Fails if the name exists."""
+        segment = cls.create_new(name, size)
+        if segment is None:
+            raise SegmentError(f"shared-memory segment {name!r} already exists")
+        return segment
+
+    @classmethod
+    def create_new(cls, name: str, size: int) -> Segment | None:
+        """:meth:`create`, but None when the name is taken (by anyone: this
+        user's dead run, or another local user)."""
         try:
             shm = posix_ipc.SharedMemory("/" + name, posix_ipc.O_CREX, mode=0o600, size=size)
-        except posix_ipc.ExistentialError as err:
-            raise SegmentError(f"shared-memory segment {name!r} already exists") from err
+        except posix_ipc.ExistentialError:
+            return None
+        except (posix_ipc.Error, OSError, ValueError) as err:
+            raise SegmentError(
+                f"cannot create shared-memory segment {name!r} of {size} bytes in {SHM_DIR}: "
+                f"{err}; check that {SHM_DIR} is writable and has room"
+            ) from err
         try:
             buf = mmap.mmap(shm.fd, size)
         finally:
@@ -70,6 +145,10 @@ class Segment:
         except posix_ipc.ExistentialError as err:
             raise SegmentError(
                 f"shared-memory segment {name!r} does not exist (unlinked, or its run is gone)"
+            ) from err
+        except posix_ipc.PermissionsError as err:
+            raise SegmentError(
+                f"shared-memory segment {name!r} belongs to another user: not rt's"
             ) from err
         try:
             buf = mmap.mmap(shm.fd, shm.size)
@@ -91,10 +170,10 @@ class Segment:
 
 
 def unlink(name: str) -> bool:
-    """Remove segment ``name`` if it exists. Returns whether it existed."""
+    """Remove segment ``name`` if it exists and is ours to remove. Returns whether it went."""
     try:
         posix_ipc.unlink_shared_memory("/" + name)
-    except posix_ipc.ExistentialError:
+    except (posix_ipc.ExistentialError, posix_ipc.PermissionsError):
         return False
     return True
 
@@ -115,10 +194,7 @@ def list_segments(prefix: str = "rt_") -> list[str]:
 
 
 def sweep() -> list[str]:
-    """Unlink every rt segment whose run's root process is dead. Returns the names removed."""
-    removed = []
-    for name in list_segments():
-        match = NAME_RE.match(name)
-        if match and not pid_alive(int(match.group(1))) and unlink(name):
-            removed.append(name)
-    return removed
+    """Unlink every rt segment of a run that is provably dead (see the module's
+    docstring): never one of another pid namespace. Returns the names removed."""
+    me = this_run_identity()
+    return [name for name in list_segments() if run_is_dead(name, me) and unlink(name)]

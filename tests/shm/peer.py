@@ -3,6 +3,8 @@
 python peer.py produce SPEC_JSON N SEED      send N seeded frames (see frames())
 python peer.py consume SPEC_JSON N LOG       receive N frames of 8 bytes or more: append
                                              each frame's sequence number to LOG, commit
+python peer.py trickle SPEC_JSON N           send N small frames 0.2 ms apart, then wait
+                                             forever, attached
 python peer.py attach-sender SPEC_JSON       attach as producer and wait forever
 python peer.py attach-receiver SPEC_JSON     attach as consumer and wait forever
 python peer.py own-ring                      create a ring of its own run, print its
@@ -75,6 +77,12 @@ async def main(argv: list[str]) -> None:
         await produce(spec, int(argv[2]), int(argv[3]))
     elif mode == "consume":
         await consume(spec, int(argv[2]), argv[3])
+    elif mode == "trickle":
+        tx = RingSender.attach(spec)
+        for i in range(int(argv[2])):
+            await trio.sleep(0.0002)
+            await tx.send(i.to_bytes(8, "little"))
+        await trio.sleep_forever()
     elif mode == "attach-sender":
         RingSender.attach(spec)
         print("attached", flush=True)

@@ -1,5 +1,6 @@
-"""tools/bench_ipc.py runs end to end and prints the JSON the issue specifies.
-(A smoke run: the figures themselves belong to the benchmark, not to a test.)"""
+"""tools/bench_ipc.py runs end to end and prints the JSON the issue specifies,
+alone and beside busy processes. (Smoke runs: the figures themselves belong to
+the benchmark, not to a test.)"""
 
 from __future__ import annotations
 
@@ -27,3 +28,23 @@ def test_the_ipc_benchmark_prints_every_transport_and_figure() -> None:
             assert figures["msgs_per_s"] > 0, (payload, name)
             if name != "rt_batched":
                 assert 0 < figures["rtt_p50_us"] <= figures["rtt_p99_us"], (payload, name)
+
+
+def test_the_contended_comparison_reports_a_quiet_and_a_contended_table() -> None:
+    flags = ["--quick", "--rounds", "1", "--contend", "1", "--contend-limit", "120"]
+    out = subprocess.run(
+        [sys.executable, str(TOOL), *flags, "--transports", "rt,zmq", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    results = json.loads(out.stdout)
+    assert set(results) == {"busy_processes", "quiet", "contended"}
+    assert results["busy_processes"] == 1
+    for table in ("quiet", "contended"):
+        for payload, by_transport in results[table].items():
+            assert set(by_transport) == {"rt", "zmq", "rt_batched"}, (table, payload)
+            for name in ("rt", "zmq"):
+                figures = by_transport[name]
+                assert 0 < figures["rtt_p50_us"] <= figures["rtt_p99_us"], (table, payload, name)

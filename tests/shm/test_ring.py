@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 
 import pytest
 import trio
 import trio.testing
 
-from rt.errors import Broken, Closed, EndOfChannel, SegmentError, WouldBlock
+from rt.errors import Broken, Closed, ConfigError, EndOfChannel, SegmentError, WouldBlock
 from rt.shm import Ring, RingReceiver, RingSender, RingSpec, new_run_prefix
 from rt.shm.segment import list_segments
 
@@ -17,13 +18,13 @@ CAP = 4096
 
 
 @pytest.fixture
-def ring() -> Ring:
+def ring() -> Iterator[Ring]:
     with Ring.create(new_run_prefix(), "unit", capacity=CAP) as ring:
         yield ring
 
 
 @pytest.fixture
-def pair(ring: Ring) -> tuple[RingSender, RingReceiver]:
+def pair(ring: Ring) -> Iterator[tuple[RingSender, RingReceiver]]:
     tx, rx = RingSender.attach(ring.spec), RingReceiver.attach(ring.spec)
     yield tx, rx
     tx.close()
@@ -198,7 +199,7 @@ async def test_attaching_to_a_missing_ring_says_so() -> None:
 
 def test_capacity_must_be_a_power_of_two_that_frame_headers_can_address() -> None:
     for capacity in (5000, 32, 1 << 33):  # a frame's length is a u32
-        with pytest.raises(ValueError, match="power of two from 64 bytes to 4 GiB"):
+        with pytest.raises(ConfigError, match="power of two from 128 bytes to 4 GiB"):
             Ring.create(new_run_prefix(), "odd", capacity=capacity)
 
 

@@ -9,15 +9,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
-from rt.errors import Broken, EndOfChannel, WouldBlock
-from rt.shm import Ring, RingReceiver, RingSender, new_run_prefix, sweep
+from rt.errors import Broken, Closed, EndOfChannel, WouldBlock
+from rt.shm import Ring, RingReceiver, RingSender, new_run_prefix, sweep, waiter
 from rt.shm.segment import list_segments, pid_alive
 
 PEER = str(Path(__file__).with_name("peer.py"))
@@ -57,7 +58,7 @@ async def wait_for_line(proc: trio.Process) -> str:
 
 
 @pytest.fixture
-def ring() -> Ring:
+def ring() -> Iterator[Ring]:
     with Ring.create(new_run_prefix(), "test", capacity=4096) as ring:
         yield ring
 
@@ -181,6 +182,53 @@ async def test_a_parked_receiver_costs_next_to_no_cpu(ring: Ring) -> None:
         used = time.process_time() - cpu
     rx.close()
     assert used < 0.05 * 2, f"parked for 2 s but used {used:.3f} s of CPU"
+
+
+async def test_closing_a_receiver_another_task_is_parked_on_says_closed(ring: Ring) -> None:
+    rx = RingReceiver.attach(ring.spec)
+    async with peer(ring, "attach-sender") as proc:
+        await wait_for_line(proc)  # a live peer in another process: parked on its pidfd too
+        async with trio.open_nursery() as nursery:
+
+            async def close_soon() -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                rx.close()
+
+            nursery.start_soon(close_soon)
+            with trio.fail_after(5), pytest.raises(Closed, match="closed while a task waited"):
+                await rx.receive()
+
+
+BUSY = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+
+
+async def test_a_parked_receiver_costs_next_to_no_cpu_beside_busy_processes(ring: Ring) -> None:
+    # Traffic first, so the receiver's waits are "hot" (its longest spin), then
+    # nothing for a second while busy processes keep every core taken (the
+    # contention of issue 10: two busy loops on this 2-core machine).
+    if waiter.CORES > 8:
+        pytest.skip("needs a busy process per core")
+    busy = [
+        subprocess.Popen([sys.executable, "-c", BUSY], stdin=subprocess.DEVNULL)
+        for _ in range(waiter.CORES)
+    ]
+    try:
+        with RingReceiver.attach(ring.spec) as rx:
+            async with peer(ring, "trickle", "200"):
+                for _ in range(200):
+                    await rx.receive()
+                    rx.commit()
+                start = time.thread_time()
+                with trio.move_on_after(1.0) as parked:
+                    await rx.receive()
+                used = time.thread_time() - start
+    finally:
+        for proc in busy:
+            proc.kill()
+        for proc in busy:
+            proc.wait()
+    assert parked.cancelled_caught
+    assert used < 0.05, f"parked for 1 s beside busy processes but used {used * 1e3:.1f} ms of CPU"
 
 
 async def test_the_sweep_removes_segments_of_a_killed_run() -> None:
