@@ -484,6 +484,7 @@ class Stream:
         # counts and timings as of the last chunk (final with the last sequence's end)
         self.meta: Meta | None = None
         self._prompt_logprobs_sent = False
+        self._next: Update | Refused | None = None  # received while coalescing, not yet given
 
     def __aiter__(self) -> Stream:
         return self
@@ -494,15 +495,19 @@ class Stream:
         try:
             if self._updates is None:
                 self._updates = await self._engine._submit(self._req, self.rid)
-            try:
-                item = await self._updates.receive()
-            except trio.EndOfChannel:
-                raise StopAsyncIteration from None
+            item = self._next
+            self._next = None
+            if item is None:
+                try:
+                    item = await self._updates.receive()
+                except trio.EndOfChannel:
+                    raise StopAsyncIteration from None
             if isinstance(item, Refused):
                 raise refusal_error(item)
         except BaseException:
             self.close()
             raise
+        item = self._coalesce(item)
         record = self._engine.table.records[self._req.rid]
         seq = record.seqs[item.index]
         self.meta = record_meta(record)
@@ -538,6 +543,31 @@ class Stream:
             prompt,
             prompt_top,
         )
+
+    def _coalesce(self, item: Update) -> Update:
+        """``item`` and the updates of the same sequence already waiting behind it,
+        as one: a reader that fell behind gets one chunk for several steps (an
+        HTTP stream then sends one event for them, not one each). The chunk's
+        ``stepped_at`` is its oldest tokens'."""
+        assert self._updates is not None
+        while not item.finished:
+            try:
+                follow = self._updates.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if not isinstance(follow, Update) or follow.index != item.index:
+                self._next = follow
+                break
+            item = Update(
+                item.rid,
+                item.index,
+                item.ids + follow.ids,
+                item.text + follow.text,
+                follow.finished,
+                item.stepped_at or follow.stepped_at,
+                item.offset,
+            )
+        return item
 
     def close(self) -> None:
         """Stop: abort the request if it has not finished."""

@@ -95,7 +95,8 @@ class ReqOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     seed: int = 0
-    admitted_at: float = 0.0  # when the request was first admitted (time.monotonic())
+    # when the request was first admitted (time.monotonic()); a timing, not part of the output
+    admitted_at: float = field(default=0.0, compare=False)
     prompt_logprobs: list[float] | None = None  # with the first token, when asked for
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 

@@ -54,12 +54,13 @@ class Tracked:
         if self.first_token_at is None:
             self.first_token_at = now
             metrics.ttft.observe(now - self.arrived)
-            tokens -= 1
         last = self._last.get(delta.index)
-        if last is not None and tokens:
-            gap = (now - last) / tokens  # a chunk of k tokens: k gaps of its mean
-            for _ in range(tokens):
-                metrics.itl.observe(gap)
+        if last is None:  # a sequence's first chunk: its first token ends no gap,
+            gaps, gap = tokens - 1, 0.0  # and the others came with it
+        else:  # a chunk of k tokens: k gaps of its mean
+            gaps, gap = tokens, (now - last) / tokens
+        for _ in range(gaps):
+            metrics.itl.observe(gap)
         self._last[delta.index] = now
 
 

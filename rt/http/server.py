@@ -16,6 +16,10 @@ from rt.http.settings import Settings
 
 log = logging.getLogger(__name__)
 WS_FRAME_LIMIT = 64 << 20  # hypercorn closes past this; the app answers 413 past max_body_size
+# Connections the kernel queues before hypercorn accepts them. hypercorn's default, 100,
+# overflows when hundreds of clients connect at once (a bench at concurrency 256):
+# the rest wait out a SYN retry, a second or more of TTFT. uvicorn's default.
+BACKLOG = 2048
 
 
 def hypercorn_config(settings: Settings) -> Config:
@@ -23,6 +27,7 @@ def hypercorn_config(settings: Settings) -> Config:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     config.bind = [f"{host}:{settings.port}"]
     config.accesslog = None
+    config.backlog = BACKLOG
     config.errorlog = logging.getLogger("hypercorn.error")
     config.websocket_max_message_size = max(WS_FRAME_LIMIT, 2 * settings.max_body_size)
     return config

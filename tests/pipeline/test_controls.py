@@ -183,3 +183,20 @@ async def test_prompt_logprobs_come_once_with_the_prompt_ids(tiny_model) -> None
         assert carrying[0].prompt_logprobs == pytest.approx(whole.prompt_logprobs, abs=1e-4)
         plain = await engine.generate(PROMPT, max_new_tokens=3)
         assert plain.prompt_ids is None and plain.prompt_logprobs is None
+
+
+async def test_a_reader_that_falls_behind_gets_fewer_bigger_chunks(tiny_model) -> None:
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        want = await engine.generate(PROMPT, **GREEDY)
+        before = await engine.scheduler_stats()
+        stream = engine.stream(PROMPT, **GREEDY, logprobs=True)
+        first = await stream.__anext__()
+        with trio.fail_after(30):  # let the rest pile up behind the reader
+            await engine.scheduler_stats(lambda s: s.steps > before.steps and s.requests == 0)
+        rest = [c async for c in stream]
+        chunks = [first, *rest]
+        assert len(rest) < GREEDY["max_new_tokens"] - len(first.output_ids)
+        assert [t for c in chunks for t in c.output_ids] == list(want.output_ids)
+        assert "".join(c.text for c in chunks) == want.text
+        assert all(len(c.logprobs or ()) == len(c.output_ids) for c in chunks)
+        assert chunks[-1].finish_reason == "length" and all(c.stepped_at > 0 for c in chunks)
