@@ -159,7 +159,10 @@ async def test_flush_cache_only_when_idle(default_server: Server) -> None:
         with trio.fail_after(30):
             while default_server.info()["requests_in_flight"]:
                 await trio.sleep(0.05)
-        prompt = {"text": "And God said", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        prompt = {
+            "text": "And God said",
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        }
         (await client.post("/generate", json=prompt)).raise_for_status()
         cached = (await client.post("/generate", json=prompt)).json()
         assert cached["meta_info"]["cached_tokens"] > 0

@@ -194,7 +194,9 @@ def test_engine_options_become_rt_serve_flags() -> None:
         "--load-format", "null", "--max-running-requests", "512", "--x-flag", "0.5", "--y",
     ]  # fmt: skip
     assert servers.option_flags({"enable_prefix_cache": False}, {}) == []
-    names = servers.rt_serve_flag_names()  # rt-serve's own table, where a flag is not the option's name
+    names = (
+        servers.rt_serve_flag_names()
+    )  # rt-serve's own table, where a flag is not the option's name
     assert names.get("seed", "--seed") in bs.server_command("rt", 1, "/m", {"seed": 3})
     command = bs.server_command("rt", 1234, "/m", {"load_format": "null"})
     assert command[1:3] == ["-m", "rt.serve"] and command[-2:] == ["--load-format", "null"]
