@@ -10,7 +10,11 @@ For each fault that fired (a ``fault`` event):
   between the fault and its successor running (should be ~0; a hang is
   only known once the watchdog fires, so its gap is the watchdog's delay).
 
-Plus the failed requests, counted by reason.
+and the requests it failed: those in flight when it fired that did not
+complete (cancellations and hostile requests left out), with their reasons,
+so each fault kind and each actor has its own count of failures and why.
+
+Plus the failed requests of the whole run, counted by reason.
 """
 
 from __future__ import annotations
@@ -33,15 +37,18 @@ class FaultFigures:
     restore_s: float | None = None
     back_s: float | None = None
     health_gap_s: float | None = None
+    failed: list[str] = field(default_factory=list)  # the reasons of the requests it failed
 
 
 @dataclass
 class Summary:
     n: int = 0
     values: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    failed: Counter[str] = field(default_factory=Counter)  # reason -> requests
 
     def add(self, f: FaultFigures) -> None:
         self.n += 1
+        self.failed.update(f.failed)
         for name in METRICS:
             value = getattr(f, name)
             if value is not None:
@@ -86,7 +93,20 @@ def per_fault(ledger: Ledger) -> list[FaultFigures]:
                 fig.back_s = back["t"] - t
                 fig.health_gap_s = ok_time(health, t, back["t"])
             fig.restore_s = first_token_after(requests, t)
+        fig.failed = failed_by(requests, t)
         out.append(fig)
+    return out
+
+
+def failed_by(requests: Sequence[RequestRecord], t: float) -> list[str]:
+    """The reasons of the requests in flight at ``t`` that failed (not hostile ones)."""
+    out = []
+    for r in requests:
+        end = r.end
+        if end is None or r.state in (COMPLETED, "cancelled") or r.spec.get("hostile"):
+            continue
+        if r.invoked_at <= t <= end["t"]:
+            out.append(f"{r.state}: {(end.get('error') or '')[:120]}".rstrip(": "))
     return out
 
 

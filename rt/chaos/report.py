@@ -75,7 +75,11 @@ def never_fired(outcome: Outcome) -> list[Fault]:
 
 
 def _stats(s: figures.Summary) -> dict[str, Any]:
-    return {"n": s.n} | {m: s.stats(m) for m in figures.METRICS}
+    return (
+        {"n": s.n}
+        | {m: s.stats(m) for m in figures.METRICS}
+        | {"failed": sum(s.failed.values()), "failed_reasons": dict(s.failed.most_common())}
+    )
 
 
 def _fired(e: dict[str, Any]) -> str:
@@ -114,15 +118,23 @@ def render(outcome: Outcome) -> str:
         + ")",
         "restarts  " + ", ".join(f"{k} {v}" for k, v in sorted(s["restarts"].items())),
         "",
-        f"{'p50/p99/max':<19}{'n':>4}  {'detect ms':>16}  {'restore ms':>16}  {'back ms':>16}  {'health ok while down ms':>24}",
+        f"{'p50/p99/max':<19}{'n':>4}  {'detect ms':>16}  {'restore ms':>16}  {'back ms':>16}  {'health ok while down ms':>24}  {'failed':>6}",
     ]
     for group in ("kind", "actor"):
         for key, stats in s["figures"].get(group, {}).items():
             lines.append(
                 f"{group} {key:<14}{stats['n']:>4}  {_ms(stats['detect_s']):>16}  "
                 f"{_ms(stats['restore_s']):>16}  {_ms(stats['back_s']):>16}  "
-                f"{_ms(stats['health_gap_s']):>24}"
+                f"{_ms(stats['health_gap_s']):>24}  {stats['failed']:>6}"
             )
+    blamed = [
+        f"  {group} {key}: {n} × {why}"
+        for group in ("kind", "actor")
+        for key, stats in s["figures"].get(group, {}).items()
+        for why, n in stats["failed_reasons"].items()
+    ]
+    if blamed:
+        lines += ["", "failed while a fault was in play (in flight as it fired)", *blamed[:8]]
     if s["failures"]:
         lines += ["", "failures", *[f"  {n} × {why}" for why, n in s["failures"].items()][:8]]
     if s["faults_never_fired"]:

@@ -67,3 +67,24 @@ def test_failures_are_counted_by_reason() -> None:
         "failed-final: RequestFailedError: x": 1,
         "failed-final [poison]: RequestFailedError: x": 1,
     }
+
+
+def test_requests_a_fault_failed_are_counted_per_kind_and_actor() -> None:
+    events = [
+        {"ev": "invoke", "t": 0.0, "req": 0, "spec": {}},  # in flight at the kill: failed
+        {"ev": "fault", "t": 1.0, "kind": "sigkill", "actor": "detokenizer", "crash": True},
+        {"ev": "end", "t": 2.0, "req": 0, "state": "failed-retryable", "error": "Broken: gone"},
+        {"ev": "invoke", "t": 0.0, "req": 1, "spec": {"hostile": "fuzz"}},  # its own fault
+        {"ev": "end", "t": 2.0, "req": 1, "state": "failed-final", "error": "bad"},
+        {"ev": "invoke", "t": 3.0, "req": 2, "spec": {}},  # sent after the kill's end
+        {"ev": "fault", "t": 3.5, "kind": "raise", "actor": "scheduler", "crash": True},
+        {"ev": "end", "t": 4.0, "req": 2, "state": "completed"},
+        {"ev": "invoke", "t": 0.5, "req": 3, "spec": {}},  # ended before the raise
+        {"ev": "end", "t": 1.5, "req": 3, "state": "cancelled"},
+    ]
+    kill, raised = figures.per_fault(Ledger.of(events))
+    assert kill.failed == ["failed-retryable: Broken: gone"] and raised.failed == []
+    by = figures.summarize([kill, raised])
+    assert by["kind"]["sigkill"].failed == {"failed-retryable: Broken: gone": 1}
+    assert by["actor"]["detokenizer"].failed == {"failed-retryable: Broken: gone": 1}
+    assert not by["actor"]["scheduler"].failed

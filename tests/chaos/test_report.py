@@ -56,7 +56,21 @@ def test_a_passing_report() -> None:
         and data["restarts"] == {"scheduler": 1}
     )
     assert data["figures"]["kind"]["sigkill"]["detect_s"]["max"] > 0
+    assert data["figures"]["actor"]["scheduler"]["failed"] == 0  # the request completed
+    assert "failed while a fault was in play" not in text
     json.dumps(data)
+
+
+def test_requests_failed_under_a_fault_are_blamed_on_its_kind_and_actor() -> None:
+    failed = outcome([])
+    failed.ledger = Ledger.of(
+        [*EVENTS[:-1], {"ev": "end", "t": 4.0, "req": 0, "state": "failed-final", "error": "x"}]
+    )
+    failed.faults = figures.per_fault(failed.ledger)
+    data = summary(failed)
+    assert data["figures"]["kind"]["sigkill"]["failed"] == 1
+    assert data["figures"]["actor"]["scheduler"]["failed_reasons"] == {"failed-final: x": 1}
+    assert "  kind sigkill: 1 × failed-final: x" in render(failed)
 
 
 def test_a_failing_report_names_the_findings_and_the_shortest_schedule() -> None:
