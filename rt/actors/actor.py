@@ -36,6 +36,9 @@ class ActorContext:
     ``beat()`` advances the heartbeat; receiving and sending do it too, and a
     timer does it every ``watchdog_timeout / 5`` while trio's loop is free, so
     only an actor that blocks its trio thread needs to call it (it cannot).
+    Beats do not cover work on requests: inside :meth:`handling_requests`
+    the actor's progress dates from when the work began, so work that takes
+    longer than ``watchdog_timeout``, on any thread, is a hang.
     """
 
     def __init__(
@@ -63,7 +66,11 @@ class ActorContext:
         """Wrap work on client requests (a tokenizer batch, a scheduler step): a
         death inside is charged to those requests (poison marks, quarantine), not
         to this actor's restart intensity; so is an exception escaping it (the
-        flag stays set: the actor is about to die of it). Not reentrant."""
+        flag stays set: the actor is about to die of it). The work must end
+        within ``watchdog_timeout``, however fast the heartbeat goes meanwhile:
+        one that takes longer is a hang (the supervisor kills the actor and
+        charges the death to those requests). Wrap the work alone, nothing that
+        waits for a peer (a send on a full ring). Not reentrant."""
         if self._heartbeat is None:
             yield
             return

@@ -10,7 +10,11 @@
 
 A start-up error or a crash is reported as its traceback and
 :func:`describe_error`'s one line: the innermost real exception, not the last
-line of an exception group's traceback.
+line of an exception group's traceback. A crash is told the moment the
+exception reaches the top level, before the slow part of dying (cancelling
+the other tasks, closing rings, the interpreter's teardown: up to seconds
+with torch loaded): first the heartbeat's going-down slot (the supervisor's
+status reads it), then the report on the control socket (which wakes it).
 
 This module imports nothing heavy: the restore time of a light actor is the
 interpreter's start plus trio's import.
@@ -19,6 +23,7 @@ interpreter's start plus trio's import.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import pickle
@@ -75,7 +80,7 @@ def _leaves(error: BaseException) -> Iterator[BaseException]:
         yield error
 
 
-def _attach(boot: ChildBoot, stack: ExitStack) -> ActorContext:
+def _attach(boot: ChildBoot, stack: ExitStack) -> tuple[ActorContext, Heartbeat]:
     faults = Faults(boot.fault_plan, boot.name, boot.incarnation)
     heartbeat = Heartbeat(boot.heartbeat_segment, boot.heartbeat_slot)
     heartbeat.beat()
@@ -92,7 +97,8 @@ def _attach(boot: ChildBoot, stack: ExitStack) -> ActorContext:
             tx = RingSender.attach(spec)
             stack.callback(tx.close)
             outbox[name] = Outbox(name, tx, faults, heartbeat.beat)
-    return ActorContext(boot.name, boot.incarnation, faults, heartbeat, inbox, outbox)
+    ctx = ActorContext(boot.name, boot.incarnation, faults, heartbeat, inbox, outbox)
+    return ctx, heartbeat
 
 
 async def _beat_forever(ctx: ActorContext, interval: float) -> None:
@@ -119,10 +125,19 @@ async def _stop_on_sigterm(cancel_scope: trio.CancelScope) -> None:
             return
 
 
+def _report(ctl: socket.socket, crash: tuple[str, str, str]) -> None:
+    """Write the crash report now: a few KB into a socket buffer the parent left
+    empty, so it does not wait. A parent gone meanwhile has nobody to tell."""
+    with contextlib.suppress(OSError):
+        ctl.setblocking(True)
+        ctl.sendall(wire.encode(crash))
+        ctl.setblocking(False)
+
+
 async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
     with ExitStack() as stack:
         try:
-            ctx = _attach(boot, stack)
+            ctx, heartbeat = _attach(boot, stack)
             await ctx.faults.point("startup")
             actor = boot.factory(*boot.args, **boot.kwargs)
             startup = getattr(actor, "startup", None)  # optional for duck-typed actors
@@ -147,12 +162,14 @@ async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
             except EndOfChannel:  # a producer closed its ring cleanly: a normal end
                 code = 0
             except Exception as err:
+                heartbeat.set_going_down()  # first: the supervisor's status says so now
                 crash = ("crashed", traceback.format_exc(), describe_error(err))
+                _report(ctl, crash)  # wakes the supervisor; it reads the report at the exit
+            finally:
+                heartbeat.set_going_down()  # any end of the run: this incarnation is over
             nursery.cancel_scope.cancel()
         if crash is not None:
             sys.stderr.write(f"actor {boot.name!r} (pid {os.getpid()}) crashed:\n{crash[1]}")
-            ctl.setblocking(True)
-            ctl.sendall(wire.encode(crash))
             return 1
         return code
 

@@ -6,7 +6,7 @@ A plan is a seed plus rules, loaded from TOML or JSON (a file, or the
     seed = 7
     [[faults]]
     actor = "tok*"          # fnmatch pattern on the actor name (default "*")
-    point = "receive"       # receive, send, loop, startup, or an actor's own
+    point = "receive"       # receive, send, commit, loop, startup, or an actor's own
     action = "sigkill"      # see FaultKind
     after = 3               # let 3 hits pass first (default 0)
     times = 1               # fire at most once per incarnation (0: no limit)
@@ -34,7 +34,7 @@ from typing import Any
 from rt.errors import ConfigError
 
 ENV_VAR = "RT_FAULT_PLAN"
-BUILTIN_POINTS = frozenset({"startup", "receive", "send", "loop"})
+BUILTIN_POINTS = frozenset({"startup", "receive", "send", "commit", "loop"})
 
 
 class FaultKind(enum.StrEnum):

@@ -1,16 +1,35 @@
-"""Heartbeats in shared memory: two u64 slots per child, the last beat's time
-and whether the child has requests in hand (see ``Heartbeat.set_handling``).
+"""Heartbeats in shared memory: three u64 slots per child.
 
-A child stores ``time.monotonic_ns()`` (CLOCK_MONOTONIC, the same clock in
-every process) into its slot; the parent reads it to tell how long the child
-has made no progress. The store is one aligned 8-byte write through a
-``'Q'``-cast memoryview, never ``struct.pack_into``, which zeroes the field
-first and lets a reader see a torn 0 (see DESIGN.md, Rings).
+* the last beat: ``time.monotonic_ns()`` (CLOCK_MONOTONIC, the same clock in
+  every process), advanced by the child's idle timer and every receive and send;
+* "handling requests since": the time the child took client requests in hand
+  (a tokenizer batch, a scheduler step), 0 while it has none
+  (``Heartbeat.set_handling``);
+* "going down since": the time an exception reached the child's top level
+  (or its run ended), 0 while it runs (``Heartbeat.set_going_down``).
 
-The second slot is 1 while the child handles client requests (tokenizing a
-batch, a scheduler step): a death then is charged to those requests (poison
-marks, quarantine), not to the child's restart intensity, so a stream of
-poison requests cannot stop the engine (``Supervisor`` reads it at each exit).
+**Liveness is progress.** While the child has requests in hand, its progress
+dates from the earlier of its last beat and the moment it took them, however
+fast its timer beats meanwhile: work on requests runs on a worker thread
+(a scheduler's forward pass, a long tokenizer batch) while the trio thread
+keeps beating, and a worker thread stuck there is a hang all the same. So one
+unit of work on requests that lasts longer than ``watchdog_timeout`` makes
+:meth:`HeartbeatTable.age` pass the timeout and the supervisor kills the
+child, charging the death to those requests (below). A legitimate step must
+finish within the watchdog timeout (chunked prefill bounds a step).
+
+The handling slot also says whom a death is charged to: an abnormal exit
+while it is set is charged to those requests (poison marks, quarantine), not
+to the child's restart intensity, so a stream of poison requests cannot stop
+the engine (``Supervisor`` reads it at each exit).
+
+The going-down slot lets the supervisor's status say "crashing" the moment the
+child knows it is dying, not only once it has unwound and exited (which takes
+a heavy interpreter up to seconds).
+
+Every store is one aligned 8-byte write through a ``'Q'``-cast memoryview,
+never ``struct.pack_into``, which zeroes the field first and lets a reader
+see a torn 0 (see DESIGN.md, Rings).
 """
 
 from __future__ import annotations
@@ -18,6 +37,9 @@ from __future__ import annotations
 import time
 
 from rt.shm.segment import Segment
+
+_FIELDS = 3  # u64 per child: last beat, handling since, going down since
+_BEAT, _HANDLING, _DOWN = range(_FIELDS)
 
 
 class HeartbeatTable:
@@ -30,28 +52,39 @@ class HeartbeatTable:
 
     @classmethod
     def create(cls, prefix: str, slots: int, tag: str = "hb") -> HeartbeatTable:
-        return cls(Segment.create(f"{prefix}_{tag}", 16 * max(slots, 1)), slots)
+        return cls(Segment.create(f"{prefix}_{tag}", 8 * _FIELDS * max(slots, 1)), slots)
 
     @property
     def name(self) -> str:
         return self._segment.name
 
     def last_beat_ns(self, slot: int) -> int:
-        return int(self._view[2 * slot])
+        return int(self._view[_FIELDS * slot + _BEAT])
 
     def age(self, slot: int, since_ns: int = 0) -> float:
-        """Seconds since the later of the slot's last beat and ``since_ns``."""
-        last = max(int(self._view[2 * slot]), since_ns)
+        """Seconds without progress: since the later of ``since_ns`` and the
+        slot's last beat, or, while the child has requests in hand, the earlier
+        of that beat and the moment it took them (see the module docstring)."""
+        base = _FIELDS * slot
+        progress = int(self._view[base + _BEAT])
+        handling_since = int(self._view[base + _HANDLING])
+        if handling_since:
+            progress = min(progress, handling_since)
+        last = max(progress, since_ns)
         return max(0.0, (time.monotonic_ns() - last) / 1e9)
 
     def handling(self, slot: int) -> bool:
         """Whether the child said it had client requests in hand (read it at its exit)."""
-        return bool(self._view[2 * slot + 1])
+        return bool(self._view[_FIELDS * slot + _HANDLING])
+
+    def going_down(self, slot: int) -> bool:
+        """Whether the child said it is going down (its run raised or ended)."""
+        return bool(self._view[_FIELDS * slot + _DOWN])
 
     def reset(self, slot: int) -> None:
-        """Before a (re)start: no beat yet, no requests in hand."""
-        self._view[2 * slot] = 0
-        self._view[2 * slot + 1] = 0
+        """Before a (re)start: no beat yet, no requests in hand, not going down."""
+        for i in range(_FIELDS * slot, _FIELDS * (slot + 1)):
+            self._view[i] = 0
 
     def close(self) -> None:
         """Unmap and unlink."""
@@ -63,15 +96,21 @@ class HeartbeatTable:
 class Heartbeat:
     """A child's side: advances its own slot."""
 
-    __slots__ = ("_segment", "_slot", "_view")
+    __slots__ = ("_base", "_segment", "_view")
 
     def __init__(self, name: str, slot: int) -> None:
         self._segment = Segment.open(name)
         self._view = memoryview(self._segment.buf).cast("Q")
-        self._slot = slot
+        self._base = _FIELDS * slot
 
     def beat(self) -> None:
-        self._view[2 * self._slot] = time.monotonic_ns()
+        self._view[self._base + _BEAT] = time.monotonic_ns()
 
     def set_handling(self, value: bool) -> None:
-        self._view[2 * self._slot + 1] = int(value)
+        """Requests in hand from now (True) or none (False)."""
+        self._view[self._base + _HANDLING] = time.monotonic_ns() if value else 0
+
+    def set_going_down(self) -> None:
+        """The run is over (it raised, or ended): the supervisor's status says so at once."""
+        if not self._view[self._base + _DOWN]:
+            self._view[self._base + _DOWN] = time.monotonic_ns()

@@ -1,7 +1,8 @@
 """An actor's view of its rings: receive and send with injection points.
 
 :class:`Inbox` wraps a ring receiver (point ``receive`` after each frame
-arrives, point ``loop`` per ``async for`` iteration); :class:`Outbox` wraps a
+arrives, point ``commit`` right after a commit, point ``loop`` per ``async
+for`` iteration); :class:`Outbox` wraps a
 ring sender (point ``send`` before each frame leaves). Both advance the
 actor's heartbeat. Frames stay in the ring until ``commit``: a frame received
 but not committed when the actor dies is received again by its successor.
@@ -88,8 +89,10 @@ class Inbox:
         return codec.loads(frame.data), frame
 
     def commit(self, frame: Frame | None = None) -> None:
-        """Release every frame up to and including ``frame`` (default: all received)."""
+        """Release every frame up to and including ``frame`` (default: all received),
+        then pass point ``commit`` (synchronously: a death just after a commit)."""
         self._rx.commit(frame)
+        self._faults.check("commit")
 
     def statistics(self) -> RingStatistics:
         return self._rx.statistics()

@@ -90,6 +90,12 @@ class ChildProcess:
             self.send_signal(signal.SIGKILL)
         return await self.wait()
 
+    async def wait_report(self) -> None:
+        """Return once the child has written its crash report (it does so as it
+        starts to go down; the report is read at its exit) or has exited."""
+        with contextlib.suppress(trio.ClosedResourceError):
+            await trio.lowlevel.wait_readable(self._ctl)
+
     async def kill(self) -> int:
         self.send_signal(signal.SIGKILL)
         return await self.wait()
@@ -125,6 +131,7 @@ class ChildProcess:
         message = wire.recv_buffered(self._ctl)
         if message is not None and message[0] == "crashed":
             _, self.report, self.error = message
+        trio.lowlevel.notify_closing(self._ctl)  # wakes wait_report
         self._ctl.close()
         trio.lowlevel.notify_closing(self._pidfd)
         os.close(self._pidfd)

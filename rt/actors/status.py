@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class ActorState(enum.StrEnum):
     STARTING = "starting"  # spawned, not yet reported ready
     RUNNING = "running"  # reported ready, not exited
+    EXITING = "exiting"  # its run raised (or ended): going down, the exit not seen yet
     RESTARTING = "restarting"  # exited (or stopped by its strategy); will start again
     STOPPED = "stopped"  # exited normally and is not restarted, or the supervisor stopped
     FAILED = "failed"  # exited abnormally and is not restarted (temporary, or escalation)
@@ -17,7 +18,10 @@ class ActorState(enum.StrEnum):
 @dataclass(frozen=True)
 class ActorStatus:
     """One child. Times are ``time.monotonic()`` seconds; ``heartbeat_age`` is
-    how long ago the child last advanced its heartbeat (None: not running).
+    how long the child has made no progress: since its last beat, or since it
+    took the requests it has in hand (None: not running; see
+    :mod:`rt.actors.heartbeat`). ``last_exit_at`` is the previous exit's while
+    the state is EXITING.
     ``request_crashes`` counts the abnormal exits charged to the requests the
     child had in hand: restarted, but not counted toward escalation."""
 

@@ -1,18 +1,21 @@
 """The supervisor: a trio task tree that owns every child process and ring.
 
 One task per running child waits on its pidfd (exit is seen at once) and
-watches its heartbeat (a hang is seen after ``watchdog_timeout``); both post
-an exit event. One task decides, event by event: the restart type, the
-intensity, the strategy and the backoff (the pure decisions live in
-:mod:`rt.actors.policy`). The restarts it decides run as tasks of their own,
+watches its heartbeat (a hang is seen after ``watchdog_timeout``; so is one
+unit of work on requests in flight that long, on whatever thread: see
+:mod:`rt.actors.heartbeat`); both post an exit event. A child whose run
+raised says so before it unwinds: :meth:`Supervisor.status` shows it EXITING
+at once, before its exit is seen. One task decides, event by event: the
+restart type, the intensity, the strategy and the backoff (the pure decisions
+live in :mod:`rt.actors.policy`). The restarts it decides run as tasks of their own,
 so one child's backoff or slow start-up delays no other child: under
 ``one_for_one`` each child's restarts run in order on a lane of their own;
 under ``one_for_all`` and ``rest_for_one``, whose groups always overlap, every
 restart runs in order on one lane, each stopping its group in reverse start
 order, then starting it in start order.
 
-An abnormal exit while the child had client requests in hand (the flag in its
-heartbeat slot, see :mod:`rt.actors.heartbeat`) is charged to those requests,
+An abnormal exit while the child had client requests in hand (the slot in its
+heartbeat, see :mod:`rt.actors.heartbeat`) is charged to those requests,
 which the actors isolate and refuse themselves: the child is restarted, with
 at most the initial backoff, and the exit is not counted toward the intensity,
 so a stream of poison requests never escalates.
@@ -151,7 +154,7 @@ class Supervisor:
                 ActorStatus(
                     name=c.spec.name,
                     pid=c.proc.pid if c.proc is not None else None,
-                    state=c.state,
+                    state=self._state(c),
                     incarnation=c.incarnation,
                     restart_count=c.restart_count,
                     last_exit_reason=c.reasons[-1] if c.reasons else None,
@@ -169,6 +172,20 @@ class Supervisor:
             escalated=str(self._escalation) if self._escalation else None,
             subtrees=tuple(c.sub.status() for c in self._children if c.sub is not None),
         )
+
+    def _state(self, child: _Child) -> ActorState:
+        """``child.state``, but EXITING once a running child said it is going down
+        (its exit, seen later, is what the supervisor acts on)."""
+        hb = self._heartbeats
+        if (
+            child.state is ActorState.RUNNING
+            and child.live  # else the supervisor is stopping it
+            and child.proc is not None
+            and hb is not None
+            and hb.going_down(child.index)
+        ):
+            return ActorState.EXITING
+        return child.state
 
     async def wait_for(self, predicate: Callable[[SupervisorStatus], bool]) -> SupervisorStatus:
         """Wait until ``predicate(self.status())`` holds (checked at every change)."""
@@ -352,6 +369,7 @@ class Supervisor:
         stuck: list[str] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watchdog, child, proc, stuck)
+            nursery.start_soon(self._watch_going_down, proc)
             code = await proc.wait()
             nursery.cancel_scope.cancel()
         at = proc.exited_at or time.monotonic()
@@ -368,14 +386,24 @@ class Supervisor:
             _Exit(child.index, incarnation, reason, abnormal, at, with_requests=with_requests)
         )
 
+    async def _watch_going_down(self, proc: ChildProcess) -> None:
+        """Wake :meth:`wait_for` when a crashing child reports (status reads EXITING)."""
+        await proc.wait_report()
+        self._notify()
+
     async def _watchdog(self, child: _Child, proc: ChildProcess, stuck: list[str]) -> None:
+        """Kill a child that made no progress for ``watchdog_timeout``: no beat, or
+        one unit of work on requests in flight that long (see rt.actors.heartbeat)."""
         assert self._heartbeats is not None and isinstance(child.spec, ActorSpec)
         timeout = self._watchdog_timeout(child.spec)
         while True:
             await trio.sleep(timeout / 4)
             age = self._heartbeats.age(child.index, child.ready_ns)
             if age > timeout:
-                stuck.append(f"watchdog: no heartbeat for {age:.2f} s")
+                if self._heartbeats.handling(child.index):
+                    stuck.append(f"watchdog: no progress for {age:.2f} s (requests in hand)")
+                else:
+                    stuck.append(f"watchdog: no heartbeat for {age:.2f} s")
                 log.warning(
                     "actor %r (pid %d) stuck for %.2f s (watchdog_timeout %.2f s): SIGKILL",
                     child.spec.name,

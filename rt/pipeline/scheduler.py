@@ -28,7 +28,11 @@ applied (their KV freed) and refusals still go out.
 
 A step that may prefill runs in a worker thread, so aborts and heartbeats
 keep flowing while the model computes; a decode-only step runs inline when
-decode steps have been fast (``StepPlacement``). Each step's new tokens, for
+decode steps have been fast (``StepPlacement``). Wherever it runs, a step is
+work on requests (``ctx.handling_requests``): it must end within the
+watchdog timeout, or the supervisor counts the scheduler as hung (its
+heartbeat timer beating on meanwhile does not count), kills it and charges
+the death to the requests in the step. Each step's new tokens, for
 every request, go to the detokenizer in one frame stamped with this
 incarnation's epoch, each sequence's ids with their offset in its output
 (a resubmission's prior tokens included).

@@ -123,8 +123,9 @@ class TokenizerActor(Actor):
             reqs[i] = req
         batch = list(reqs.values())
         if sum(_size(req) for req in batch) > THREAD_CHARS:
-            # A long text takes the tokenizer seconds: off the trio thread, so the
-            # heartbeat goes on and the watchdog does not kill a busy worker.
+            # A long text takes the tokenizer seconds: off the trio thread, so that
+            # aborts and heartbeats go on; the batch must still end within the
+            # watchdog timeout (work on requests in hand counts from its start).
             results = await trio.to_thread.run_sync(self.core.process, batch)
         else:
             results = self.core.process(batch)

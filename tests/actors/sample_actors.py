@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import time
 from pathlib import Path
 
 import trio
@@ -127,3 +129,40 @@ class RaisesInANursery(Actor):
 async def _boom() -> None:
     await trio.sleep(0.01)
     raise ValueError("boom")
+
+
+class WorksInAThread(Actor):
+    """Handles "requests" in a worker thread, its trio thread free (so its
+    heartbeat timer goes on): ``units`` units of ``seconds`` each in incarnation 1
+    (then it idles), the last one stuck for good when ``stuck``."""
+
+    def __init__(self, seconds: float, units: int, stuck: bool = False) -> None:
+        self.seconds, self.units, self.stuck = seconds, units, stuck
+
+    async def run(self, ctx: ActorContext) -> None:
+        if ctx.incarnation == 1:
+            for unit in range(self.units):
+                forever = self.stuck and unit == self.units - 1
+                with ctx.handling_requests():
+                    await trio.to_thread.run_sync(time.sleep, 3600 if forever else self.seconds)
+        await trio.sleep_forever()
+
+
+class SlowToDie(Actor):
+    """Raises in incarnation 1, then does not finish exiting until the file
+    ``gate`` exists (a teardown as slow as the test needs: a process holding
+    torch takes up to seconds); idles after."""
+
+    def __init__(self, gate: str) -> None:
+        self.gate = Path(gate)
+
+    async def run(self, ctx: ActorContext) -> None:
+        if ctx.incarnation == 1:
+            atexit.register(_wait_for_file, self.gate)
+            raise RuntimeError("boom, slowly")
+        await trio.sleep_forever()
+
+
+def _wait_for_file(path: Path) -> None:
+    while not path.exists():
+        time.sleep(0.01)

@@ -5,11 +5,17 @@ on it.
 A request whose prompt starts with ``MARK`` kills the process (``os._exit``)
 in every step it takes part in, as a kernel fault or an out-of-memory error
 triggered by one request's shape would: there is no exception to catch.
+
+``SlowToDieScheduler`` takes as long as the test says to finish exiting once
+its run has raised.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 from rt.actors import ActorContext
@@ -31,3 +37,19 @@ class CrashyScheduler(SchedulerActor):
             return step()
 
         self.engine.step = crashy  # type: ignore[method-assign]
+
+
+class SlowToDieScheduler(SchedulerActor):
+    """A scheduler whose first incarnation, once its run has raised, does not
+    finish exiting until the file named by ``$RT_TEST_EXIT_GATE`` exists: a
+    teardown as slow as the test needs (a real one takes 0.1-3.8 s)."""
+
+    async def run(self, ctx: ActorContext) -> None:
+        if ctx.incarnation == 1:
+            atexit.register(_wait_for_file, Path(os.environ["RT_TEST_EXIT_GATE"]))
+        await super().run(ctx)
+
+
+def _wait_for_file(path: Path) -> None:
+    while not path.exists():
+        time.sleep(0.01)

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 import trio
-from crashy_scheduler import MARK, CrashyScheduler
+from crashy_scheduler import MARK, CrashyScheduler, SlowToDieScheduler
 
 import rt
 import rt.frontend.wiring as wiring
+from rt.actors import ActorState
 from rt.errors import InvalidRequestError, RequestFailedError
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
 
@@ -321,3 +322,93 @@ async def test_after_a_scheduler_restart_in_bfloat16_every_output_is_one_run(
     for i, choice in resumed:
         (k,) = choice.resumed_from
         assert again[str(i)] == list(choice.output_ids)[k:], f"request {i}, resumed at {k}"
+
+
+# ---- the scheduler: a forward pass that never ends is a hang --------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hang", ["gil", "sleep"])
+async def test_a_forward_pass_that_hangs_in_its_thread_is_a_hang(
+    tiny_model, tmp_path: Path, hang: str
+) -> None:
+    """A step that may prefill runs in a worker thread while the scheduler's trio
+    thread beats on; a forward pass stuck there (a Python busy loop, or a call that
+    blocks with the GIL released) used to leave every request hanging and the
+    scheduler healthy. Now the step outlives the watchdog: the scheduler is killed
+    and restarted, the death charged to the requests in hand (not counted toward
+    escalation: max_restarts=0), and every request ends as it would have."""
+    greedy: dict[str, Any] = dict(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    prompts = [f"prompt number {i}" for i in range(4)]
+    async with rt.open_engine(str(tiny_model), max_total_tokens=8192) as engine:
+        want = [(await engine.generate(p, **greedy)).output_ids for p in prompts]
+    # the first step prefills, so it runs in the worker thread
+    rule = {
+        "actor": "scheduler",
+        "point": "forward",
+        "action": "hang",
+        "hang": hang,
+        "incarnation": 1,
+    }
+    async with rt.open_engine(
+        str(tiny_model),
+        fault_plan=plan(tmp_path, rule),
+        watchdog_timeout=3.0,  # a tiny model's step takes milliseconds
+        max_restarts=0,
+        max_total_tokens=8192,
+    ) as engine:
+        got: list[Any] = [None] * len(prompts)
+
+        async def one(i: int) -> None:
+            got[i] = (await engine.generate(prompts[i], **greedy)).output_ids
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for i in range(len(prompts)):
+                    nursery.start_soon(one, i)
+        assert got == want
+        scheduler = actor(engine, "scheduler")
+        assert scheduler.restart_count == 1 and scheduler.request_crashes == 1
+        assert (scheduler.last_exit_reason or "").startswith("watchdog: no progress for")
+
+
+# ---- the scheduler: a crash is known before the process has exited --------------------------
+
+
+@pytest.mark.slow
+async def test_a_scheduler_that_raises_is_unhealthy_before_it_has_exited(
+    tiny_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An out-of-memory error in a step: the supervisor's status (what /health
+    answers from) turns unhealthy while the dying scheduler still tears down,
+    held here until the test opens the gate. It used to read healthy until the
+    process had exited (0.1-3.8 s). Then the request completes as it would have."""
+    greedy: dict[str, Any] = dict(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    async with rt.open_engine(str(tiny_model), max_total_tokens=8192) as engine:
+        want = (await engine.generate("In the beginning", **greedy)).output_ids
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("RT_TEST_EXIT_GATE", str(gate))
+    monkeypatch.setattr(wiring, "SchedulerActor", SlowToDieScheduler)
+    rule = {"actor": "scheduler", "point": "forward", "action": "oom", "after": 2, "incarnation": 1}
+    async with rt.open_engine(
+        str(tiny_model), fault_plan=plan(tmp_path, rule), max_total_tokens=8192
+    ) as engine:
+        got: list[Any] = []
+
+        async def one() -> None:
+            got.append((await engine.generate("In the beginning", **greedy)).output_ids)
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one)
+                status = await engine.supervisor.wait_for(
+                    lambda s: s.actor("scheduler").state is not ActorState.RUNNING
+                )
+                scheduler = status.actor("scheduler")
+                assert scheduler.state is ActorState.EXITING and not status.healthy
+                assert scheduler.incarnation == 1 and scheduler.last_exit_at is None
+                gate.touch()
+        assert got == [want]
+        scheduler = actor(engine, "scheduler")
+        assert scheduler.restart_count == 1 and scheduler.request_crashes == 1
+        assert "MemoryError: fault plan rule 0: oom" in (scheduler.last_exit_reason or "")
