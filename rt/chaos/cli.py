@@ -159,7 +159,7 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
     options: dict[str, Any] = {
         "dtype": args.dtype,
         "watchdog_timeout": args.watchdog_timeout,
-        "max_restarts": args.max_restarts or 2 * (count + poison) + 6 * args.sweep + 5,
+        "max_restarts": args.max_restarts or 2 * (count + poison) + 9 * args.sweep + 5,
         "max_total_tokens": 1 << 15,
     }
     if bf16:

@@ -101,7 +101,7 @@ def _sweep(first_id: int, config: ScheduleConfig, crashes: Counter[str]) -> list
         )
     ]
     for actor in config.sweep_actors:
-        for point in ("receive", "send"):
+        for point in ("receive", "send", "commit"):
             for hit in range(config.sweep):
                 crashes[actor] += 1
                 out.append(

@@ -38,9 +38,9 @@ SIGNAL_PHASES = ("idle", "prefill", "decode", "stream", "restart", "shutdown")
 
 # The points each actor passes (rt/pipeline), and where each fault kind makes sense.
 POINTS = {
-    "tokenizer": ("startup", "receive", "send", "tokenize"),
-    "scheduler": ("startup", "receive", "send", "step", "forward"),
-    "detokenizer": ("startup", "receive", "send"),
+    "tokenizer": ("startup", "receive", "send", "commit", "tokenize"),
+    "scheduler": ("startup", "receive", "send", "commit", "step", "forward"),
+    "detokenizer": ("startup", "receive", "send", "commit"),
 }
 VERDICT_POINTS = ("receive", "send")  # drop, duplicate and corrupt act on a frame
 OOM_POINTS = ("step", "forward")

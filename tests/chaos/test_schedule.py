@@ -136,6 +136,9 @@ def test_a_sweep_kills_each_actor_at_each_early_frame_one_incarnation_after_anot
         ("send", 1, 4),
         ("send", 2, 5),
         ("send", 3, 6),
+        ("commit", 1, 7),
+        ("commit", 2, 8),
+        ("commit", 3, 9),
     ]
     assert all(f.kind == "sigkill" and f.actor == "detokenizer" for f in kills)
 
