@@ -125,7 +125,11 @@ async def test_backoff_spaces_out_a_crash_loop() -> None:
         max_restarts=100,
     )
     async with open_supervisor(spec) as sup:
-        first = await wait_until(sup, is_running("loop", 2))
+        # incarnation 2 came up (it may already say it is exiting: it exits at once)
+        first = await wait_until(
+            sup,
+            lambda s: s.actor("loop").incarnation == 2 and s.actor("loop").ready_at is not None,
+        )
         later = await wait_until(sup, lambda s: s.actor("loop").incarnation >= 4)
     # incarnations 2, 3, 4 waited 0, 0.2 and 0.4 s after their predecessor's exit
     assert later.actor("loop").last_exit_at - first.actor("loop").ready_at >= 0.2  # type: ignore[operator]
