@@ -255,22 +255,34 @@ class RingReceiver(Endpoint):
     async def receive(self) -> Frame:
         """The next frame, waiting for one. Raises Broken if the sender died and
         every frame it published has been received, EndOfChannel if it closed."""
-        parked = await self._wait_frame()
-        frame = self.receive_nowait()
-        if not parked:  # parking went through trio's scheduler already
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return frame
+        while True:
+            parked = await self._wait_frame()
+            try:
+                frame = self.receive_nowait()
+            except WouldBlock:  # see _wait_frame
+                continue
+            if not parked:  # parking went through trio's scheduler already
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return frame
 
     async def receive_data(self) -> bytes | bytearray:
         """The next frame's payload, waiting for one (see receive_data_nowait)."""
-        parked = await self._wait_frame()
-        data = self.receive_data_nowait()
-        if not parked:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return data
+        while True:
+            parked = await self._wait_frame()
+            try:
+                data = self.receive_data_nowait()
+            except WouldBlock:  # see _wait_frame
+                continue
+            if not parked:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
 
     async def _wait_frame(self) -> bool:
-        """Wait for a frame; returns whether it parked (see Waiter.wait)."""
+        """Wait for a frame, or for the sender to close; returns whether it parked
+        (see Waiter.wait). A closed sender's successor may attach, and clear the
+        closed flag, before the caller reads: then there is nothing to read after
+        all (WouldBlock), and the caller waits again (it used to raise it, and
+        a scheduler died of a tokenizer's restart)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if self.has_frame():
             return False

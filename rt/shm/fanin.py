@@ -55,13 +55,16 @@ class FanInReceiver:
     async def receive(self) -> Frame:
         await trio.lowlevel.checkpoint_if_cancelled()
         parked = False
-        try:
-            frame = self.receive_nowait()
-        except WouldBlock:
-            for rx in self._rings:
-                rx.release_producer()
-            parked = await self._waiter.wait(self._ready, self._check_producers)
-            frame = self.receive_nowait()
+        while True:
+            try:
+                frame = self.receive_nowait()
+                break
+            except WouldBlock:
+                # (also after a wake: a closed sender's successor may have attached,
+                # clearing the flag that woke us, before we read; wait again)
+                for rx in self._rings:
+                    rx.release_producer()
+                parked = await self._waiter.wait(self._ready, self._check_producers) or parked
         if not parked:  # parking went through trio's scheduler already
             await trio.lowlevel.cancel_shielded_checkpoint()
         return frame

@@ -169,6 +169,45 @@ async def test_closing_the_sender_wakes_a_parked_receiver(pair) -> None:
     assert rx.statistics().sleeps == 1
 
 
+async def test_a_successor_attaching_between_the_wake_and_the_read_is_waited_for(
+    ring: Ring,
+) -> None:
+    """A sender that closes wakes its parked receiver; a restarted sender attaching
+    (which clears the closed flag) before the receiver reads leaves it nothing to
+    read. That once raised WouldBlock out of ``receive`` and killed a scheduler
+    when a tokenizer restarted; now it waits for the successor's frame."""
+
+    class Racy(RingReceiver):
+        successor: RingSender | None = None
+
+        async def _wait_frame(self) -> bool:
+            parked = await super()._wait_frame()
+            if self.successor is None:  # the successor attaches in between
+                self.successor = RingSender.attach(self.spec)
+            return parked
+
+    first = RingSender.attach(ring.spec)
+    rx = Racy.attach(ring.spec)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def close_then_send() -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                first.close()
+                await trio.testing.wait_all_tasks_blocked()
+                assert rx.successor is not None
+                rx.successor.send_nowait(b"from the successor")
+
+            nursery.start_soon(close_then_send)
+            with trio.fail_after(5):
+                frame = await rx.receive()
+        assert bytes(frame.data) == b"from the successor"
+    finally:
+        rx.close()
+        if rx.successor is not None:
+            rx.successor.close()
+
+
 async def test_a_cancelled_receive_leaves_the_ring_usable(pair) -> None:
     tx, rx = pair
     with trio.move_on_after(0.05) as scope:
