@@ -1,0 +1,141 @@
+"""A request's stream: its chunks as they come, read from the frontend's table.
+
+A reader that fell behind gets what is waiting for one sequence as one chunk;
+leaving the loop early, or cancelling the task that iterates, aborts the
+request (:meth:`Engine._leave`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from rt import errors
+from rt.frontend.requests import prompt_ids, record_meta
+from rt.frontend.table import Update
+from rt.messages import GenerateRequest, Refused
+from rt.outputs import Chunk, Meta
+
+if TYPE_CHECKING:
+    from rt.frontend.engine import Engine
+
+
+class Stream:
+    """The chunks of one request, as an async iterator (a class, not an async
+    generator: leaving it early then needs no ``aclosing``, and the abort it
+    triggers is synchronous)."""
+
+    def __init__(self, engine: Engine, req: GenerateRequest, user_rid: str) -> None:
+        self._engine = engine
+        self._req = req
+        self.rid = user_rid
+        self._updates: trio.MemoryReceiveChannel[Update | Refused] | None = None
+        self._done = False
+        # counts and timings as of the last chunk (final with the last sequence's end)
+        self.meta: Meta | None = None
+        self._prompt_logprobs_sent = False
+        self._next: Update | Refused | None = None  # received while coalescing, not yet given
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._updates is None:
+                self._updates = await self._engine._submit(self._req, self.rid)
+            item = self._next
+            self._next = None
+            if item is None:
+                try:
+                    item = await self._updates.receive()
+                except trio.EndOfChannel:
+                    raise StopAsyncIteration from None
+            if isinstance(item, Refused):
+                raise refusal_error(item)
+        except BaseException:
+            self.close()
+            raise
+        item = self._coalesce(item)
+        record = self._engine.table.records[self._req.rid]
+        seq = record.seqs[item.index]
+        self.meta = record_meta(record)
+        sampling, end = record.req.sampling, item.offset + len(item.ids)
+        logprobs = tuple(seq.logprobs[item.offset : end]) if sampling.logprobs else None
+        top = (
+            tuple(
+                tuple((int(i), float(lp)) for i, lp in t)
+                for t in seq.top_logprobs[item.offset : end]
+            )
+            if sampling.top_logprobs
+            else None
+        )
+        ids = prompt = prompt_top = None
+        if record.prompt_logprobs is not None and not self._prompt_logprobs_sent:
+            self._prompt_logprobs_sent = True
+            ids, prompt, prompt_top = (
+                prompt_ids(record),
+                record.prompt_logprobs,
+                record.prompt_top_logprobs,
+            )
+        return Chunk(
+            self.rid,
+            item.index,
+            item.text,
+            tuple(item.ids),
+            seq.finish_reason if item.finished else None,
+            seq.matched_stop if item.finished else None,
+            item.stepped_at,
+            logprobs,
+            top,
+            ids,
+            prompt,
+            prompt_top,
+        )
+
+    def _coalesce(self, item: Update) -> Update:
+        """``item`` and the updates of the same sequence already waiting behind it,
+        as one: a reader that fell behind gets one chunk for several steps (an
+        HTTP stream then sends one event for them, not one each). The chunk's
+        ``stepped_at`` is its oldest tokens'."""
+        assert self._updates is not None
+        while not item.finished:
+            try:
+                follow = self._updates.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if not isinstance(follow, Update) or follow.index != item.index:
+                self._next = follow
+                break
+            item = Update(
+                item.rid,
+                item.index,
+                item.ids + follow.ids,
+                item.text + follow.text,
+                follow.finished,
+                item.stepped_at or follow.stepped_at,
+                item.offset,
+            )
+        return item
+
+    def close(self) -> None:
+        """Stop: abort the request if it has not finished."""
+        if not self._done:
+            self._done = True
+            if self._updates is not None:
+                self._engine._leave(self._req.rid)
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def refusal_error(refused: Refused) -> errors.RtError:
+    cls = getattr(errors, refused.error, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.RtError)):
+        cls = errors.RequestError
+    return cls(refused.message)
