@@ -22,7 +22,10 @@ from collections.abc import Iterator
 import pytest
 
 SESSION_TAG = "RT_TEST_SESSION"
-os.environ.setdefault(SESSION_TAG, str(os.getpid()))
+# Under pytest-xdist each worker is a session of its own: its tag is its pid, not
+# the controller's it inherited (else it would take a sibling's actors for orphans).
+if os.environ.get("PYTEST_XDIST_WORKER") or SESSION_TAG not in os.environ:
+    os.environ[SESSION_TAG] = str(os.getpid())
 _TAG = f"{SESSION_TAG}={os.environ[SESSION_TAG]}".encode()
 _WATCHED_FD_KINDS = ("anon_inode:[eventfd]", "anon_inode:[pidfd]", "socket:", "pipe:", "/dev/shm/")
 SETTLE_S = 10.0  # how long a dying process may take to disappear (generous: a loaded machine)

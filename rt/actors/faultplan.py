@@ -12,7 +12,9 @@ A plan is a seed plus rules, loaded from TOML or JSON (a file, or the
     times = 1               # fire at most once per incarnation (0: no limit)
     probability = 1.0       # seeded: the same seed fires the same faults
     incarnation = 1         # only in the first start (or max_incarnation = K)
-    match = "POISON"        # only at hits whose key (faults.point(..., key=text)) contains it
+    match = "POISON"        # only at hits whose key contains it: at a tokenizer's
+                            # "tokenize", the request's text; at the scheduler's
+                            # "forward", each request's prompt ids as " 5 17 9 "
 
 Hit counters and the random stream restart with every incarnation (a
 restarted child is a new process), so "crash once, then recover" is

@@ -80,6 +80,11 @@ class Faults:
     def __bool__(self) -> bool:
         return bool(self._points)
 
+    def keyed(self, point: str) -> bool:
+        """Whether a rule at ``point`` has a ``match``: a caller whose key costs
+        something to build (say every request's token ids) builds it only then."""
+        return any(armed.rule.match is not None for armed in self._points.get(point, ()))
+
     def check(self, point: str, key: str | None = None) -> Verdict:
         """Pass point ``point``. A delay blocks the thread (use :meth:`point` in trio code).
         ``key`` (say a request's text) is what a rule's ``match`` looks for."""

@@ -64,20 +64,29 @@ def draw_schedule(seed: int, config: ScheduleConfig) -> Schedule:
             kind = "hang"  # no signal phase allowed: the same fault from inside
         faults.append(_plan_fault(rng, i, kind, actor, config, crashes))
     for k in range(config.poison):
-        faults.append(
-            Fault(
-                config.faults + k,
-                rng.choice(POISON_KINDS),
-                "tokenizer*",
-                "plan",
-                "frame",
-                point="tokenize",
-                times=0,
-                match=f"POISON-{k}",
-            )
-        )
+        faults.append(_poison(rng, config.faults + k, k, config))
     faults += _sweep(len(faults), config, crashes)
     return Schedule(seed, tuple(faults))
+
+
+def _poison(rng: random.Random, i: int, k: int, config: ScheduleConfig) -> Fault:
+    """The k-th poison fault: every other one (when the scheduler is in the run)
+    kills the scheduler whenever a request whose prompt ids carry its marker is
+    in the core, the others a tokenizer whenever it tokenizes a text carrying
+    its marker."""
+    kind = rng.choice(POISON_KINDS)
+    if k % 2 and any(role(a) == "scheduler" for a in config.actors):
+        marker = id_marker(rng)
+        return Fault(i, kind, "scheduler", "plan", "frame", point="forward", times=0, match=marker)
+    return Fault(
+        i, kind, "tokenizer*", "plan", "frame", point="tokenize", times=0, match=f"POISON-{k}"
+    )
+
+
+def id_marker(rng: random.Random) -> str:
+    """Six token ids as the scheduler's fault key writes them (`` 5 17 9 … ``),
+    small enough for any vocabulary."""
+    return " " + " ".join(str(rng.randrange(3, 64)) for _ in range(6)) + " "
 
 
 def _sweep(first_id: int, config: ScheduleConfig, crashes: Counter[str]) -> list[Fault]:
@@ -127,8 +136,11 @@ def _hits_per_incarnation(actor: str, config: ScheduleConfig) -> int:
     fires. A tokenizer sees a frame per request, a quarter of the others'."""
     frames = config.frames if role(actor) != "tokenizer" else config.frames // 4
     deaths = config.faults / max(len(config.actors), 1)
-    if role(actor) == "tokenizer":
-        deaths += 3 * config.poison  # each poison request kills it a few times
+    scheduler_poison = config.poison // 2 if "scheduler" in map(role, config.actors) else 0
+    if role(actor) == "tokenizer":  # each poison request kills its actor a few times
+        deaths += 3 * (config.poison - scheduler_poison)
+    elif role(actor) == "scheduler":
+        deaths += 3 * scheduler_poison
     return max(2, int(frames / (deaths + 1)))
 
 

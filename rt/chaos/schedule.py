@@ -17,8 +17,10 @@ reaches its actor one of two ways:
   in the fault's ``phase``.
 
 A poison fault (``match`` set) crashes its tokenizer whenever a request
-whose text carries the marker is tokenized: the workload sends such
-requests, and rt must refuse each alone while the others go on.
+whose text carries the marker is tokenized, or the scheduler whenever a
+request whose prompt ids carry the marker (six ids, `` 5 17 9 … ``) is in
+its core: the workload sends such requests, and rt must refuse each alone
+while the others, batched with it, go on.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def engine_sender(engine: Any) -> Sender:
         try:
             if spec.stream or spec.cancel_after is not None:
                 return await _engine_stream(engine, spec, sink)
-            out = await engine.generate(spec.prompt, **spec.options())
+            out = await engine.generate(spec.engine_prompt(), **spec.options())
         except errors.RtError as err:
             name = type(err).__name__
             return End(error_state(name), sink.ids, sink.text, error=f"{name}: {err}")
@@ -143,7 +143,7 @@ def engine_sender(engine: Any) -> Sender:
 
 async def _engine_stream(engine: Any, spec: RequestSpec, sink: Sink) -> End:
     with trio.CancelScope() as scope:
-        stream = engine.stream(spec.prompt, **spec.options())
+        stream = engine.stream(spec.engine_prompt(), **spec.options())
         try:
             async for chunk in stream:
                 if sink.delta(chunk.index, chunk.text, list(chunk.output_ids)):
@@ -172,7 +172,7 @@ def sse_sender(http: Any, url: str, run_id: str) -> Sender:
         rid = f"chaos-{run_id}-{spec.index}"
         body = spec.extra.get("body") if spec.hostile == "fuzz" else None
         if body is None:
-            body = {"text": spec.prompt, "sampling_params": spec.sampling_params(), "rid": rid}
+            body = {**spec.body(), "rid": rid}
             body["stream"] = spec.stream or spec.cancel_after is not None
         # json.dumps escapes lone surrogates (a hostile text); httpx's json= cannot
         content = json.dumps(body).encode()

@@ -65,7 +65,10 @@ class Judge:
 
     def job(self, rec: RequestRecord) -> Job:
         if rec.index not in self._prompts:
-            self._prompts[rec.index] = self.replayer.encode(rec.spec["prompt"])
+            ids = rec.spec.get("prompt_ids")
+            self._prompts[rec.index] = (
+                list(ids) if ids is not None else self.replayer.encode(rec.spec["prompt"])
+            )
         options = {
             "max_new_tokens": rec.spec["max_new_tokens"],
             "ignore_eos": True,

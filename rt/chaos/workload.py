@@ -3,7 +3,8 @@
 Greedy and seeded requests of mixed lengths over the transports asked for,
 some cancelled after a few deltas (politely: a cancel; or rudely: the client
 goes away), and hostile ones: poison (text carrying a marker that a poison
-fault of the schedule crashes its tokenizer on), invalid (parameters or
+fault of the schedule crashes its tokenizer on, or token ids that one
+crashes the scheduler on), invalid (parameters or
 text rt must refuse with a clear 4xx) and, over HTTP, fuzzed bodies.
 """
 
@@ -66,6 +67,7 @@ class RequestSpec:
     hostile: str | None = None
     marker: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # invalid/fuzzed fields
+    prompt_ids: tuple[int, ...] | None = None  # sent as token ids instead of ``prompt``
 
     @property
     def checked(self) -> bool:
@@ -87,6 +89,19 @@ class RequestSpec:
     def sampling_params(self) -> dict[str, Any]:
         """``sampling_params`` of ``/generate``."""
         return self.options()
+
+    def engine_prompt(self) -> str | list[int]:
+        """The prompt as ``engine.generate`` takes it: text, or token ids."""
+        return self.prompt if self.prompt_ids is None else list(self.prompt_ids)
+
+    def body(self) -> dict[str, Any]:
+        """The ``/generate`` (and WebSocket ``generate``) body, but for ``stream``."""
+        prompt: dict[str, Any] = (
+            {"text": self.prompt}
+            if self.prompt_ids is None
+            else {"input_ids": list(self.prompt_ids)}
+        )
+        return {**prompt, "sampling_params": self.sampling_params()}
 
 
 def draw_request(seed: int, index: int, config: WorkloadConfig) -> RequestSpec:
@@ -117,6 +132,19 @@ def draw_request(seed: int, index: int, config: WorkloadConfig) -> RequestSpec:
         disconnect,
     )
     marker = _poison_marker(index, config)
+    if marker is not None and marker.startswith(" "):  # the scheduler's: token ids
+        ids = (
+            *(rng.randrange(3, 64) for _ in range(rng.randint(2, 10))),
+            *map(int, marker.split()),
+        )
+        return replace(
+            spec,
+            prompt=f"token ids {list(ids)}",
+            prompt_ids=ids,
+            hostile="poison",
+            marker=marker,
+            cancel_after=None,
+        )
     if marker is not None:
         return replace(
             spec, prompt=f"{prompt} {marker}", hostile="poison", marker=marker, cancel_after=None

@@ -62,11 +62,7 @@ def ws_sender(pool: WsPool) -> Sender:
         from rt import errors
         from rt.client import RemoteError, connect
 
-        body: dict[str, Any] = {}
-        if spec.hostile == "fuzz":
-            body = dict(spec.extra["body"])
-        else:
-            body = {"text": spec.prompt, "sampling_params": spec.sampling_params()}
+        body = dict(spec.extra["body"]) if spec.hostile == "fuzz" else spec.body()
         try:
             if spec.disconnect:
                 async with connect(pool.url) as own:

@@ -261,7 +261,7 @@ class SchedulerActor(Actor):
 
     def _step(self, ctx: ActorContext) -> StepOutput:
         self.reported = False
-        ctx.faults.check("forward")
+        ctx.faults.check("forward", self._fault_key() if ctx.faults.keyed("forward") else None)
         if not self.engine.has_work:
             return StepOutput()
         threads = self.config.torch_threads
@@ -271,6 +271,14 @@ class SchedulerActor(Actor):
         out = self.engine.step()
         self.placement.record(out, time.perf_counter() - start)
         return out
+
+    def _fault_key(self) -> str:
+        """What a fault plan's ``match`` looks for at ``forward``: the prompt ids of
+        every request in the core, each as `` 1 2 3 `` (a request whose shape makes
+        the forward pass die, as a kernel fault would)."""
+        return "|".join(
+            f" {' '.join(map(str, reqs[0].input_ids))} " for reqs in self.engine.reqs.values()
+        )
 
     def _admit(self, ctx: ActorContext) -> None:
         batch, self.incoming = self.incoming, []

@@ -195,3 +195,15 @@ def test_match_fires_only_at_hits_whose_key_contains_it() -> None:
     assert verdicts == [Verdict.PASS, Verdict.PASS, Verdict.PASS, Verdict.DROP, Verdict.DROP,
                         Verdict.PASS]  # fmt: skip
     assert [f.hit for f in faults.fired] == [2, 3]
+
+
+def test_keyed_says_whether_a_rule_at_the_point_looks_for_a_key() -> None:
+    plan = FaultPlan(
+        (
+            FaultRule("forward", FaultKind.EXIT, match=" 5 5 ", times=0),
+            FaultRule("step", FaultKind.DROP),
+        )
+    )
+    faults = Faults(plan, "scheduler")
+    assert faults.keyed("forward") and not faults.keyed("step") and not faults.keyed("send")
+    assert not Faults().keyed("forward")

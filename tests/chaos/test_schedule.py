@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rt.actors.faultplan import BUILTIN_POINTS, FaultPlan
@@ -92,12 +94,21 @@ def test_at_most_one_shutdown_fault() -> None:
         assert sum(f.phase == "shutdown" for f in schedule.faults) <= 1
 
 
-def test_poison_faults_crash_the_tokenizer_on_their_marker_every_time() -> None:
+def test_poison_faults_crash_a_tokenizer_or_the_scheduler_on_their_marker_every_time() -> None:
     schedule = draw_schedule(2, ScheduleConfig(faults=0, poison=3))
-    assert schedule.poison_markers() == ["POISON-0", "POISON-1", "POISON-2"]
-    for f in schedule.faults:
-        rule = f.rule()
-        assert rule["point"] == "tokenize" and rule["times"] == 0 and rule["actor"] == "tokenizer*"
+    markers = schedule.poison_markers()
+    assert markers[0] == "POISON-0" and markers[2] == "POISON-2"
+    assert re.fullmatch(r"( \d+){6} ", markers[1]), markers[1]  # six token ids
+    rules = [f.rule() for f in schedule.faults]
+    assert all(r["times"] == 0 and r["match"] in markers for r in rules)
+    assert [(r["actor"], r["point"]) for r in rules] == [
+        ("tokenizer*", "tokenize"),
+        ("scheduler", "forward"),
+        ("tokenizer*", "tokenize"),
+    ]
+    # without the scheduler in the run, every poison is a tokenizer's
+    alone = draw_schedule(2, ScheduleConfig(actors=("tokenizer0",), faults=0, poison=3))
+    assert alone.poison_markers() == ["POISON-0", "POISON-1", "POISON-2"]
 
 
 def test_a_schedule_round_trips_through_json_and_subsets_keep_ids() -> None:

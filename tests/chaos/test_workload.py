@@ -35,6 +35,20 @@ def test_the_poison_flood_lands_back_to_back_with_one_marker_each() -> None:
     assert all(s.marker in s.prompt for s in poison)
 
 
+def test_a_scheduler_poison_request_sends_its_marker_as_token_ids() -> None:
+    marker = " 7 19 3 40 40 11 "
+    config = WorkloadConfig(
+        transports=("engine", "sse", "ws"), poison_markers=("POISON-0", marker), poison_at=0.0
+    )
+    text, ids = draw_request(6, 0, config), draw_request(6, 1, config)
+    assert text.prompt_ids is None and text.body()["text"] == text.engine_prompt()
+    assert ids.hostile == "poison" and ids.marker == marker and ids.prompt_ids is not None
+    assert f" {' '.join(map(str, ids.prompt_ids))} ".endswith(marker)  # as the key is written
+    assert ids.engine_prompt() == list(ids.prompt_ids)
+    body = ids.body()
+    assert body["input_ids"] == list(ids.prompt_ids) and "text" not in body
+
+
 def test_hostile_requests_are_invalid_or_fuzzed_and_never_cancelled() -> None:
     config = WorkloadConfig(transports=("sse", "ws", "engine"), invalid_share=0.2, fuzz_share=0.2)
     specs = [draw_request(5, i, config) for i in range(300)]

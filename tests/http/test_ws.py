@@ -82,7 +82,7 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
                     "id": "long",
                     "type": "generate",
                     "text": "In the",
-                    "sampling_params": {"max_new_tokens": 48},
+                    "sampling_params": {"max_new_tokens": 48, "ignore_eos": True},
                 }
             )
         )

@@ -1,10 +1,6 @@
-"""A scheduler that dies on cue, for the recovery tests. Importable by the
+"""A scheduler that is slow to die, for the recovery tests. Importable by the
 children: the parent's sys.path travels to them, and pytest puts this folder
 on it.
-
-A request whose prompt starts with ``MARK`` kills the process (``os._exit``)
-in every step it takes part in, as a kernel fault or an out-of-memory error
-triggered by one request's shape would: there is no exception to catch.
 
 ``SlowToDieScheduler`` takes as long as the test says to finish exiting once
 its run has raised.
@@ -16,27 +12,9 @@ import atexit
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from rt.actors import ActorContext
 from rt.pipeline.scheduler import SchedulerActor
-
-MARK = [5, 5, 5, 5, 5, 5, 5, 5]
-
-
-class CrashyScheduler(SchedulerActor):
-    async def startup(self, ctx: ActorContext) -> None:
-        await super().startup(ctx)
-        step = self.engine.step
-
-        def crashy() -> Any:
-            held = [reqs[0] for reqs in self.engine.reqs.values()]
-            held += list(self.engine._incoming)
-            if any(req.input_ids[: len(MARK)] == MARK for req in held):
-                os._exit(1)
-            return step()
-
-        self.engine.step = crashy  # type: ignore[method-assign]
 
 
 class SlowToDieScheduler(SchedulerActor):
