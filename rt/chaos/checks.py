@@ -66,25 +66,33 @@ def terminal(ledger: Ledger) -> list[Finding]:
     return out
 
 
-def outcomes(ledger: Ledger, poison: set[str]) -> list[Finding]:
-    """``poison``: the markers whose poison fault was in the schedule that ran."""
+def outcomes(
+    ledger: Ledger, poison: set[str], poison_faults: frozenset[int] = frozenset()
+) -> list[Finding]:
+    """``poison``: the markers whose poison fault was in the schedule that ran;
+    ``poison_faults``: those faults' ids."""
     out = []
     for rec in ledger.requests().values():
         end = rec.end
         if end is None or end["state"] not in TERMINAL:
             continue  # terminal() reports it
         problem = _unexpected(rec.spec, end, poison)
-        if problem and not _blamed_by_design(ledger, rec.invoked_at, end):
+        if problem and not _blamed_by_design(ledger, rec.invoked_at, end, poison_faults):
             out.append(Finding("outcome", problem, rec.index))
     return out
 
 
-def _blamed_by_design(ledger: Ledger, invoked_at: float, end: dict[str, Any]) -> bool:
+def _blamed_by_design(
+    ledger: Ledger, invoked_at: float, end: dict[str, Any], poison_faults: frozenset[int]
+) -> bool:
     """rt refuses a request that was in flight for ``max_crashes_per_request``
     crashes of one actor (the last with it alone): it cannot tell a schedule
     that kills the actor that often from a poison request. An innocent
     refused so is no finding when the schedule's crashes of that actor while
-    it was in flight were enough to make it a suspect each time."""
+    it was in flight were enough to make it a suspect each time, and one of
+    them at least was not a poison request's: a poison request crashes the
+    actor only with it in hand, so an innocent it crashed was never alone
+    (refusing it for those crashes alone is blaming the wrong request)."""
     error = end.get("error") or ""
     match = _CRASH_REFUSAL.search(error)
     if end["state"] != FAILED_FINAL or match is None:
@@ -97,7 +105,7 @@ def _blamed_by_design(ledger: Ledger, invoked_at: float, end: dict[str, Any]) ->
         and invoked_at <= e["t"] <= end["t"]
         and e["actor"].rstrip("0123456789") == actor
     ]
-    return len(crashes) >= needed
+    return len(crashes) >= needed and any(e.get("id") not in poison_faults for e in crashes)
 
 
 # rt's two refusals of a suspected poison request (the tokenizer's, the scheduler's)

@@ -47,7 +47,8 @@ class Judge:
         verdict = Verdict()
         poison = set(schedule.poison_markers())
         verdict.findings += checks.terminal(ledger)
-        verdict.findings += checks.outcomes(ledger, poison)
+        poison_faults = frozenset(f.id for f in schedule.faults if f.match is not None)
+        verdict.findings += checks.outcomes(ledger, poison, poison_faults)
         verdict.findings += checks.streams(ledger, self.replayer.decode)
         verdict.findings += checks.engine(ledger)
         outputs = [r for r in ledger.requests().values() if _checkable(r)]

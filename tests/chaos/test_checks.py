@@ -189,3 +189,17 @@ def test_an_innocent_refused_after_enough_planned_crashes_is_no_finding() -> Non
     assert checks.outcomes(Ledger.of(events + three), set()) == []
     elsewhere = [*two, crash | {"t": 1.8, "actor": "detokenizer"}]
     assert len(checks.outcomes(Ledger.of(events + elsewhere), set())) == 1
+
+
+def test_an_innocent_refused_for_a_poison_request_s_crashes_is_a_finding() -> None:
+    """A poison request crashes the scheduler only while it is in the core, so an
+    innocent refused after crashes that were all the poison's was blamed for it
+    (the defect review found: co-batched innocents failed with the culprit)."""
+    error = "RequestFailedError: request r was in flight for 3 scheduler crashes in a row"
+    events = request(0, [], state="failed-final", error=error)  # in flight from 1.0 to 2.0
+    crash = {"ev": "fault", "kind": "raise", "actor": "scheduler", "crash": True, "id": 7}
+    poisoned = [crash | {"t": 1.2}, crash | {"t": 1.5}, crash | {"t": 1.8}]
+    found = checks.outcomes(Ledger.of(events + poisoned), set(), frozenset({7}))
+    assert [(f.checker, f.req) for f in found] == [("outcome", 0)]
+    one_planned = [*poisoned[:2], crash | {"t": 1.8, "id": 2}]
+    assert checks.outcomes(Ledger.of(events + one_planned), set(), frozenset({7})) == []
