@@ -63,6 +63,12 @@ class EngineOptions(BaseModel):
         description="on SIGTERM/SIGINT, how long requests in flight may take to finish "
         "before they are aborted and the engine stops",
     )
+    stall_timeout: float = Field(
+        10.0,
+        ge=0,
+        description="a request with no progress for this long is sent again (then after "
+        "twice as long, …): a frame lost on its way would otherwise hang it; 0: never",
+    )
     fault_plan: Any = Field(None, description="a FaultPlan, or a path to one (JSON or TOML)")
     ring_capacity: int = Field(1 << 22, ge=1 << 12)
 

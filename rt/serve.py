@@ -151,6 +151,12 @@ ENGINE_FLAGS = (
         float,
         "on SIGTERM/SIGINT, how long requests in flight may take to finish",
     ),
+    Flag(
+        "--stall-timeout",
+        "stall_timeout",
+        float,
+        "seconds without news before a request is sent again (doubling each time; 0: never)",
+    ),
     Flag("--fault-plan", "fault_plan", str, "a fault plan (JSON or TOML) for chaos testing"),
     Flag("--ring-capacity", "ring_capacity", int, "bytes per shared-memory ring"),
 )

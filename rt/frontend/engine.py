@@ -29,6 +29,7 @@ import logging
 import math
 import signal
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -203,6 +204,9 @@ class Engine:
     async def continue_generation(self) -> None:
         """Resume after :meth:`pause_generation` (a no-op when not paused)."""
         self._paused = False
+        now = time.monotonic()
+        for record in self.table.live():  # no news was due while paused
+            record.progress_at = max(record.progress_at, now)
         await self._control("continue")
 
     @property
@@ -306,6 +310,7 @@ class Engine:
                 record = self.table.on_tokenized(msg)
                 if record is None:
                     continue
+                record.progress_at = time.monotonic()
                 self._open_streams(record)
                 if record.sent_epoch != self._epoch and not record.held:
                     # The scheduler restarted after it may have taken this request in but
@@ -337,6 +342,7 @@ class Engine:
             if update is None:
                 continue
             record = self.table.records[delta.rid]
+            record.progress_at = time.monotonic()
             self._deliver(record, update)
             if record.finished:
                 self._finish(record)
@@ -412,6 +418,35 @@ class Engine:
                 else:
                     self._resubmit(record)
             self._readmit()
+
+    async def watch_stalls(self) -> None:
+        """Send again a request with no news for ``stall_timeout`` (then twice as
+        long, and so on): a frame lost on its way (a bug, or a fault plan's drop)
+        would otherwise hang it for good. It is idempotent: a tokenizer tokenizes
+        it again and the table takes the first ids; the scheduler drops a rid it
+        holds, and resumes one it lost from the tokens the table holds."""
+        timeout = self.options.stall_timeout
+        if not timeout:
+            return
+        while True:
+            await trio.sleep(timeout / 4)
+            if self._paused or not self._sup.status().healthy:
+                continue  # no news is expected; a restart resubmits everything anyway
+            now = time.monotonic()
+            for record in self.table.live():
+                if record.held or now - record.progress_at < timeout * 2**record.redrives:
+                    continue
+                record.redrives += 1
+                log.warning(
+                    "request %s: no news for %.1f s; sending it again (%d)",
+                    record.user_rid,
+                    now - record.progress_at,
+                    record.redrives,
+                )
+                if record.input_ids is None:  # lost before its ids came back: tokenize again
+                    self._queue(self._to_tok[record.redrives % len(self._to_tok)], record.req)
+                else:
+                    self._resubmit(record)
 
     def _open_streams(self, record: Record) -> None:
         if record.input_ids is not None:
@@ -497,6 +532,7 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
                 nursery.start_soon(engine.route_deltas)
                 nursery.start_soon(engine.send_control)
                 nursery.start_soon(engine.watch_scheduler)
+                nursery.start_soon(engine.watch_stalls)
                 if threading.current_thread() is threading.main_thread():
                     nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
                 try:

@@ -89,6 +89,8 @@ class Record:
     sent_epoch: int = 0  # the scheduler epoch it was last handed to
     crashes: int = 0  # scheduler crashes it was in flight for
     held: bool = False  # held back in quarantine: not in the scheduler
+    progress_at: float = 0.0  # its last news (time.monotonic()): sent, ids, tokens
+    redrives: int = 0  # times it was sent again for lack of news (a frame lost)
 
     @property
     def rid(self) -> str:
@@ -118,6 +120,7 @@ class RequestTable:
             req, user_rid, [SeqState() for _ in range(req.sampling.n)], time.monotonic()
         )
         record.epoch = record.sent_epoch = epoch
+        record.progress_at = record.created
         self.records[req.rid] = record
         self.by_user_rid[user_rid] = req.rid
         return record

@@ -113,6 +113,33 @@ async def test_a_detokenizer_killed_again_and_again_under_load_loses_nothing(
         assert actor(engine, "detokenizer").restart_count >= 2
 
 
+# ---- a lost frame ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("victim", "point"),
+    [("tokenizer0", "receive"), ("tokenizer0", "send"), ("scheduler", "receive")],
+)
+async def test_a_request_whose_frame_was_lost_is_sent_again(
+    tmp_path: Path, victim: str, point: str
+) -> None:
+    """A fault plan drops the first frame the actor receives (or sends): the
+    request, or its ids, never arrive. Nothing times a request out, so it hung
+    for good (rt-chaos --kinds drop); now the frontend sends it again after
+    ``stall_timeout`` without news, and it ends as an unfaulted run of it does."""
+    rule = {"actor": victim, "point": point, "action": "drop", "incarnation": 1}
+    options: dict[str, Any] = dict(max_new_tokens=8, ignore_eos=True, temperature=0.0)
+    async with rt.open_engine(fault_plan=plan(tmp_path, rule), stall_timeout=1.0, **NULL) as engine:
+        with trio.fail_after(30):
+            start = trio.current_time()
+            lost = await collect(engine, "In the beginning", **options)
+            waited = trio.current_time() - start
+            again = await collect(engine, "In the beginning", **options)
+        assert lost == again and len(lost[1]) == 8
+        assert waited >= 1.0  # it was sent again, not served the first time
+        assert all(a.restart_count == 0 for a in engine.actors())
+
+
 # ---- one sender per ring ----------------------------------------------------------------
 
 
