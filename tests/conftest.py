@@ -18,6 +18,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,32 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if problems:
         _cleanup(children, orphans, segments)
         pytest.fail("the test leaked:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama checkpoint with its own trained tokenizer, saved the way
+    Hugging Face saves models, so rt loads it through its real loading code."""
+    import torch  # here, not at the top: only the tests that use it pay for the import
+    import transformers
+    from tiny_tokenizer import make_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(path)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.5,  # well-separated logits: greedy ties are not an issue
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path

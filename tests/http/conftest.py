@@ -47,31 +47,3 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         code = server.stop()
         tail = "\n".join(server.log[-40:])
         assert code == 0, f"rt-serve exited with {code}:\n{tail}"
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Llama checkpoint with its own tokenizer (as tests/pipeline's)."""
-    import torch  # here, not at the top: only the tests that use it pay for the import
-    import transformers
-    from tiny_tokenizer import make_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = make_tokenizer()
-    tokenizer.save_pretrained(path)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.5,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    return path
