@@ -1,6 +1,9 @@
 """The Llama family (Llama, Mistral, Qwen2, Qwen3) over a paged KV pool.
 
-Parameter names follow the Hugging Face checkpoints so weights load by name.
+Parameter names follow the Hugging Face checkpoints so weights load by name,
+but for the fused projections: ``qkv_proj`` (rows: q, k, v) and
+``gate_up_proj`` (rows: gate, up), which the loader fills from the
+checkpoint's separate weights (:data:`FUSED`).
 Tokens of all requests are flattened: [num_tokens, hidden].
 """
 
@@ -14,6 +17,15 @@ from rt.gpu.attention import AttentionBackend
 from rt.gpu.forward_batch import ForwardBatch
 from rt.gpu.model_config import ModelConfig
 from rt.gpu.models.rope import RotaryEmbedding, apply_rope
+
+# checkpoint projection → (the fused one holding it, its place among the fused rows)
+FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 class RMSNorm(nn.Module):
@@ -39,9 +51,9 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=cfg.qkv_bias)
+        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        # q, k and v in one matmul (the loader fills its rows from q_proj, k_proj, v_proj)
+        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=cfg.o_bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -50,9 +62,10 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -63,12 +76,13 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         h, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(h, i, bias=cfg.mlp_bias)
+        # gate and up in one matmul (the loader fills its rows from gate_proj, up_proj)
+        self.gate_up_proj = nn.Linear(h, 2 * i, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(i, h, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
