@@ -13,6 +13,7 @@ SEED_MASK = (1 << 63) - 1
 GREEDY_BELOW = 1e-5
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 FLOAT32_MAX = 3.4028234663852886e38
+MAX_N = 1024  # samples per request
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class SamplingParams:
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _float_in("repetition_penalty", self.repetition_penalty, 0.0, None, low_open=True)
-        _int_in("n", self.n, 1, 1024)
+        _int_in("n", self.n, 1, MAX_N)
         _int_in("top_logprobs", self.top_logprobs, 0, min(vocab_size, 1024))
         _bool("ignore_eos", self.ignore_eos)
         _bool("logprobs", self.logprobs)

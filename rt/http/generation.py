@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from rt import errors
+from rt.gpu.sampling_params import MAX_N
 from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta, EngineStream, Prompt, TopLogprobs
 from rt.http.front import Front, http_error
@@ -119,8 +120,10 @@ async def _run_one(
     failures: list[HTTPError],
     cancel_all: trio.CancelScope,
 ) -> None:
-    n = job.options.get("n", 1)
-    result = Result(job.rid, [Seq() for _ in range(n if isinstance(n, int) and n > 0 else 1)])
+    n = job.options.get("n", 1)  # not validated yet: the engine refuses a bad one below
+    result = Result(
+        job.rid, [Seq() for _ in range(n if isinstance(n, int) and 0 < n <= MAX_N else 1)]
+    )
     try:
         with front.track(job.rid) as tracked:
             stream = EngineStream(front.engine, job.prompt, job.options)

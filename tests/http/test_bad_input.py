@@ -44,6 +44,10 @@ CASES: list[tuple[str, Any, str]] = [
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 10**30}}, "max_new_tokens"),
     ("/generate", {"text": "x", "sampling_params": {"n": 0}}, "n"),
     ("/generate", {"text": "x", "sampling_params": {"n": 2.0}}, "n"),
+    # a huge n once made the server allocate n result slots before the engine
+    # refused it: the main process hung (found by rt-chaos --duration 10m --seed 7)
+    ("/generate", {"text": "x", "sampling_params": {"n": 2**63}}, "n"),
+    ("/generate", {"text": "x", "sampling_params": {"n": 10**9}}, "n"),
     ("/generate", {"text": "x", "sampling_params": {"ignore_eos": 1}}, "ignore_eos"),
     ("/generate", {"text": "x", "sampling_params": {"frequency_penalty": 3}}, "frequency_penalty"),
     ("/generate", {"text": "x", "sampling_params": {"tempreature": 1}}, "tempreature"),
@@ -77,6 +81,8 @@ CASES: list[tuple[str, Any, str]] = [
     ("/v1/chat/completions", {"messages": MSG, "max_completion_tokens": 0}, "max_completion"),
     ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "json"}}, "response"),
     ("/v1/chat/completions", {"messages": MSG, "n": 99999}, "n"),
+    ("/v1/chat/completions", {"messages": MSG, "n": 2**63}, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 2**63}, "n"),
     ("/abort_request", {"rid": 5}, "rid"),
     ("/abort_request", {}, "rid"),
 ]
