@@ -75,12 +75,17 @@ def _poison(rng: random.Random, i: int, k: int, config: ScheduleConfig) -> Fault
     in the core, the others a tokenizer whenever it tokenizes a text carrying
     its marker."""
     kind = rng.choice(POISON_KINDS)
-    if k % 2 and any(role(a) == "scheduler" for a in config.actors):
+    if _scheduler_poison(k, config):
         marker = id_marker(rng)
         return Fault(i, kind, "scheduler", "plan", "frame", point="forward", times=0, match=marker)
     return Fault(
         i, kind, "tokenizer*", "plan", "frame", point="tokenize", times=0, match=f"POISON-{k}"
     )
+
+
+def _scheduler_poison(k: int, config: ScheduleConfig) -> bool:
+    """Whether the k-th poison is the scheduler's: every other one, when it is in the run."""
+    return k % 2 == 1 and any(role(a) == "scheduler" for a in config.actors)
 
 
 def id_marker(rng: random.Random) -> str:
@@ -136,7 +141,7 @@ def _hits_per_incarnation(actor: str, config: ScheduleConfig) -> int:
     fires. A tokenizer sees a frame per request, a quarter of the others'."""
     frames = config.frames if role(actor) != "tokenizer" else config.frames // 4
     deaths = config.faults / max(len(config.actors), 1)
-    scheduler_poison = config.poison // 2 if "scheduler" in map(role, config.actors) else 0
+    scheduler_poison = sum(_scheduler_poison(k, config) for k in range(config.poison))
     if role(actor) == "tokenizer":  # each poison request kills its actor a few times
         deaths += 3 * (config.poison - scheduler_poison)
     elif role(actor) == "scheduler":

@@ -444,7 +444,9 @@ class Engine:
                     record.redrives,
                 )
                 if record.input_ids is None:  # lost before its ids came back: tokenize again
-                    self._queue(self._to_tok[record.redrives % len(self._to_tok)], record.req)
+                    # sent from here, not queued: a full tokenizer ring must not hold up
+                    # the aborts and closes the control task sends
+                    await self._to_tok[record.redrives % len(self._to_tok)].send(record.req)
                 else:
                     self._resubmit(record)
 

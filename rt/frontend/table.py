@@ -137,9 +137,10 @@ class RequestTable:
     # ---- what arrives -----------------------------------------------------------
 
     def on_tokenized(self, msg: Tokenized) -> Record | None:
-        """Take the prompt's ids; returns the record if they are news (not a duplicate)."""
+        """Take the prompt's ids; returns the record if they are news (not a duplicate,
+        nor the ids of a request that already ended, say refused: a copy sent again)."""
         record = self.records.get(msg.rid)
-        if record is None or record.input_ids is not None:
+        if record is None or record.input_ids is not None or record.finished:
             return None
         record.input_ids, record.truncated = msg.input_ids, msg.truncated
         record.prompt_tokens = len(msg.input_ids)

@@ -13,7 +13,7 @@ from torch import nn
 
 from rt.errors import ConfigError, ModelLoadError
 from rt.gpu.model_config import ModelConfig
-from rt.gpu.models.llama import FUSED, LlamaForCausalLM
+from rt.gpu.models.llama import FUSED, FusedLinear, LlamaForCausalLM
 from rt.gpu.models.rope import rope_inv_freq
 
 log = logging.getLogger(__name__)
@@ -123,23 +123,16 @@ def _iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 def checkpoint_targets(model: nn.Module) -> dict[str, torch.Tensor]:
     """Each weight name of a Hugging Face checkpoint → what it fills: a parameter,
     or rows of a fused one (``q_proj`` → the first rows of ``qkv_proj``, …)."""
-    parts: dict[str, list[str]] = {}
-    for part, (fused, _place) in sorted(FUSED.items(), key=lambda item: item[1]):
-        parts.setdefault(fused, []).append(part)
     out: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         holder, _, leaf = name.rpartition(".")  # "model.layers.0.mlp.gate_up_proj", "weight"
         owner, _, proj = holder.rpartition(".")
-        if proj not in parts:
+        if proj not in FUSED:
             out[name] = param
             continue
-        module = model.get_submodule(owner)
-        sizes = (
-            [module.q_size, module.kv_size, module.kv_size]
-            if proj == "qkv_proj"
-            else [param.shape[0] // len(parts[proj])] * len(parts[proj])
-        )
-        for part, rows in zip(parts[proj], param.split(sizes, dim=0), strict=True):
+        fused = model.get_submodule(holder)
+        assert isinstance(fused, FusedLinear)
+        for part, rows in zip(FUSED[proj], param.split(fused.part_sizes, dim=0), strict=True):
             out[f"{owner}.{part}.{leaf}"] = rows
     return out
 

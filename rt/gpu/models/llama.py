@@ -18,14 +18,16 @@ from rt.gpu.forward_batch import ForwardBatch
 from rt.gpu.model_config import ModelConfig
 from rt.gpu.models.rope import RotaryEmbedding, apply_rope
 
-# checkpoint projection → (the fused one holding it, its place among the fused rows)
-FUSED = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
+# a fused projection → the checkpoint's projections its rows hold, in order
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+class FusedLinear(nn.Linear):
+    """Several projections of the same input in one matmul: ``part_sizes`` rows each."""
+
+    def __init__(self, in_features: int, part_sizes: tuple[int, ...], bias: bool) -> None:
+        super().__init__(in_features, sum(part_sizes), bias=bias)
+        self.part_sizes = part_sizes
 
 
 class RMSNorm(nn.Module):
@@ -51,9 +53,9 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         h, d = cfg.hidden_size, cfg.head_dim
-        self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
         # q, k and v in one matmul (the loader fills its rows from q_proj, k_proj, v_proj)
-        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.qkv_proj = FusedLinear(h, (q_size, kv_size, kv_size), cfg.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=cfg.o_bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -62,7 +64,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.part_sizes, dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
@@ -77,7 +79,7 @@ class MLP(nn.Module):
         super().__init__()
         h, i = cfg.hidden_size, cfg.intermediate_size
         # gate and up in one matmul (the loader fills its rows from gate_proj, up_proj)
-        self.gate_up_proj = nn.Linear(h, 2 * i, bias=cfg.mlp_bias)
+        self.gate_up_proj = FusedLinear(h, (i, i), cfg.mlp_bias)
         self.down_proj = nn.Linear(i, h, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
