@@ -4,7 +4,9 @@
 * no orphan: no other process carrying this session's ``RT_TEST_SESSION``
   environment tag (inherited by every descendant) still running;
 * no new ``/dev/shm/rt_<this pid>_*`` segment;
-* no new eventfd, pidfd, socket or pipe fd in the test process.
+* no new eventfd, pidfd, socket or pipe fd in the test process (except in the
+  test that first uses CUDA: the driver opens descriptors of its own then, and
+  keeps them for the life of the process).
 
 Whatever leaked is cleaned up after the failure is reported, so one leak
 does not fail the tests that follow. A test that must leave something (say
@@ -16,11 +18,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Without CUDA, rt's Triton kernels run under Triton's interpreter, which must be chosen
+# before triton.language is imported (transformers' model code imports it): here, first.
+# A device node, not torch: this file stays light for the tests that never import torch.
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SESSION_TAG = "RT_TEST_SESSION"
 # Under pytest-xdist each worker is a session of its own: its tag is its pid, not
@@ -80,6 +89,11 @@ def _segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
 
 
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_initialized())
+
+
 def _cleanup(children: list[tuple[int, str]], orphans: list[int], segments: set[str]) -> None:
     for pid in [pid for pid, _ in children] + orphans:
         with contextlib.suppress(ProcessLookupError):
@@ -95,6 +109,7 @@ def _cleanup(children: list[tuple[int, str]], orphans: list[int], segments: set[
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     fds_before, segments_before = _fds(), _segments()
+    cuda_before = _cuda_initialized()
     yield
     if request.node.get_closest_marker("leaks_ok"):
         return
@@ -107,6 +122,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         time.sleep(0.02)
     segments = _segments() - segments_before
     new_fds = {fd: t for fd, t in _fds().items() if fds_before.get(fd) != t}
+    if not cuda_before and _cuda_initialized():
+        new_fds = {}  # the CUDA driver's own, opened at its first use in this process
     problems = []
     if children:
         problems.append(f"child processes not reaped (pid, state): {children}")
