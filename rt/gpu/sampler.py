@@ -32,7 +32,9 @@ def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int
     row = _mix32(_mix32(_mix32(positions.to(torch.int64) & _M32) ^ (seeds >> 32)) ^ (seeds & _M32))
     vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     h = _mix32(_mix32(row[:, None] ^ ((vocab * 0x9E3779B1) & _M32)[None, :]) ^ 0x2545F491)
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # 23 bits: (h >> 9) + 0.5 is exact in float32, so u <= 1 - 2**-24 < 1. (With 24 bits the
+    # top value rounded up to 1.0: noise +inf, which picked even a suppressed token.)
+    return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def child_seed(seed: int, index: int) -> int:
@@ -62,8 +64,14 @@ class SampleResult:
     top_logprobs: list[list[float]] | None
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
-    """logits: [batch, vocab] (any float dtype) → one token per row."""
+def sample(
+    logits: torch.Tensor, rows: Sequence[SampleRow], use_kernel: bool = False
+) -> SampleResult:
+    """logits: [batch, vocab] (any float dtype) → one token per row.
+
+    With ``use_kernel`` temperature, the filters and the seeded draw run in one
+    Triton kernel (kernels/sampling.py), which draws the same tokens.
+    """
     device, (bs, vocab) = logits.device, logits.shape
     logits = logits.float()
     params = [r.params for r in rows]
@@ -80,7 +88,21 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleResult:
         logits = logits.index_put((idx[0], idx[1]), torch.tensor(float("-inf"), device=device))
 
     tokens = logits.argmax(dim=-1)
-    if not all(p.greedy for p in params):
+    if use_kernel and not all(p.greedy for p in params):
+        from kernels.sampling import sample_tokens
+
+        tokens = sample_tokens(
+            logits,
+            torch.tensor(
+                [0.0 if p.greedy else float(p.temperature) for p in params], device=device
+            ),
+            torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params], device=device),
+            torch.tensor([float(p.top_p) for p in params], device=device),
+            torch.tensor([float(p.min_p) for p in params], device=device),
+            torch.tensor([r.seed for r in rows], device=device),
+            torch.tensor([r.position for r in rows], device=device),
+        )
+    elif not all(p.greedy for p in params):
         greedy = torch.tensor([p.greedy for p in params], device=device)
         temps = torch.tensor(
             [1.0 if p.greedy else float(p.temperature) for p in params],

@@ -10,13 +10,13 @@ Tokens of all requests are flattened: [num_tokens, hidden].
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rt.gpu.attention import AttentionBackend
 from rt.gpu.forward_batch import ForwardBatch
 from rt.gpu.model_config import ModelConfig
-from rt.gpu.models.rope import RotaryEmbedding, apply_rope
+from rt.gpu.models.ops import TorchOps
+from rt.gpu.models.rope import RotaryEmbedding
 
 # a fused projection → the checkpoint's projections its rows hold, in order
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -31,16 +31,12 @@ class FusedLinear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
+    """The weight and epsilon of an RMSNorm; the ops compute it (:class:`TorchOps`)."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
 
 
 class Attention(nn.Module):
@@ -60,18 +56,17 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn: AttentionBackend, ops: TorchOps) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.part_sizes, dim=-1)
+        q, k, v = ops.linear(x, self.qkv_proj).split(self.qkv_proj.part_sizes, dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.o_proj(attn.forward(self.layer_id, q, k, v))
+            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q, k = ops.rope(q, k)
+        return ops.linear(attn.forward(self.layer_id, q, k, v), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -82,9 +77,8 @@ class MLP(nn.Module):
         self.gate_up_proj = FusedLinear(h, (i, i), cfg.mlp_bias)
         self.down_proj = nn.Linear(i, h, bias=cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: TorchOps) -> torch.Tensor:
+        return ops.linear(ops.silu_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -96,10 +90,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        attn: AttentionBackend,
+        ops: TorchOps,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's output, the residual stream before it): the next norm adds them."""
+        norm = self.input_layernorm
+        h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        h = self.self_attn(h, attn, ops)
+        norm = self.post_attention_layernorm
+        h, residual = ops.add_rms_norm(h, residual, norm.weight, norm.eps)
+        return self.mlp(h, ops), residual
 
 
 class LlamaBody(nn.Module):
@@ -123,12 +126,18 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, batch: ForwardBatch, attn: AttentionBackend, ops: TorchOps | None = None
+    ) -> torch.Tensor:
         """Logits [len(batch.sample_indices), vocab] in float32."""
+        ops = ops or TorchOps()
         x = self.model.embed_tokens(batch.input_ids)
-        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        ops.begin(batch.positions, self.rotary.inv_freq, x.dtype)
         attn.prepare(batch)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, cos, sin, attn)
-        x = self.model.norm(x[batch.sample_indices])
-        return self.lm_head(x).float()
+            x, residual = layer(x, residual, attn, ops)
+        assert residual is not None
+        x = x[batch.sample_indices] + residual[batch.sample_indices]
+        x = ops.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
+        return ops.linear(x, self.lm_head).float()

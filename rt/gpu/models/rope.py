@@ -28,22 +28,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch
 
 
 class RotaryEmbedding(torch.nn.Module):
+    """Holds ``inv_freq``; the ops turn positions into rotations (:class:`TorchOps`)."""
+
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any]) -> None:
         super().__init__()
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
-
-    def cos_sin(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # [num_tokens, head_dim], the two halves repeated as in transformers' rotate_half layout
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [num_tokens, num_heads, head_dim]; cos/sin: [num_tokens, head_dim]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
