@@ -31,14 +31,26 @@ class EngineOptions(BaseModel):
     context_length: int | None = Field(None, ge=1)
     # the scheduler
     max_total_tokens: int | None = Field(None, ge=1)
-    mem_fraction: float = Field(0.5, gt=0, le=1)
+    mem_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="share of free memory for the KV pool; None: 0.85 on CUDA, 0.5 on the CPU",
+    )
     page_size: int = Field(1, ge=1)
     chunked_prefill_size: int | None = Field(8192, ge=1)
     max_running_requests: int = Field(256, ge=1)
     max_prefill_tokens: int = Field(16384, ge=1)
     schedule_policy: Literal["fcfs", "lpm", "priority"] = "fcfs"
     enable_prefix_cache: bool = True
-    attention_backend: str = "torch"
+    attention_backend: Literal["torch", "triton", "flashinfer"] | None = Field(
+        None, description="None: torch, or triton when deterministic"
+    )
+    deterministic: bool = Field(
+        False,
+        description="batch-invariant kernels: a request's logits do not depend on the rest "
+        "of the batch nor on whether its prefix came from prefill or decode",
+    )
     seed: int = 0
     # torch's intra-op threads in the scheduler (None: torch's default, one per core). On a
     # host whose cores other processes share, 1 avoids OpenMP threads waiting on each other
@@ -113,6 +125,7 @@ class EngineOptions(BaseModel):
             dtype=self.dtype,
             device=self.device,
             attention_backend=self.attention_backend,
+            deterministic=self.deterministic,
             page_size=self.page_size,
             max_total_tokens=self.max_total_tokens,
             mem_fraction=self.mem_fraction,

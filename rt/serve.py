@@ -102,7 +102,13 @@ ENGINE_FLAGS = (
         "the waiting queue's order",
         ("fcfs", "lpm", "priority"),
     ),
-    Flag("--attention-backend", "attention_backend", str, "torch (reference), triton, flashinfer"),
+    Flag(
+        "--attention-backend",
+        "attention_backend",
+        str,
+        "torch (reference), triton (Triton kernels; interpreted on CPU), flashinfer (CUDA)",
+        ("torch", "triton", "flashinfer"),
+    ),
     Flag("--random-seed", "seed", int, "the engine's seed (model init for dummy weights)"),
     Flag("--tokenizer-worker-num", "tokenizer_workers", int, "tokenizer processes"),
     Flag(
@@ -160,7 +166,14 @@ ENGINE_FLAGS = (
     Flag("--fault-plan", "fault_plan", str, "a fault plan (JSON or TOML) for chaos testing"),
     Flag("--ring-capacity", "ring_capacity", int, "bytes per shared-memory ring"),
 )
-SWITCHES = {"--disable-radix-cache": ("enable_prefix_cache", False, "no prefix cache")}
+SWITCHES = {
+    "--disable-radix-cache": ("enable_prefix_cache", False, "no prefix cache"),
+    "--enable-deterministic-inference": (
+        "deterministic",
+        True,
+        "batch-invariant kernels: outputs do not depend on the batch (implies the triton backend)",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -239,7 +239,9 @@ class EngineCore:
                 self.running.append(req)
         if not to_sample:
             return
-        result = sample(logits, [self._sample_row(r) for r in to_sample])
+        result = sample(
+            logits, [self._sample_row(r) for r in to_sample], self.runner.ops.sampling_kernel
+        )
         for i, req in enumerate(to_sample):
             tok = result.token_ids[i]
             o = ReqOutput(

@@ -19,7 +19,7 @@ class EngineConfig:
     (random weights) or "null" (no forward pass: fixed tokens, to measure the
     runtime's own overhead) a ``model_config`` may stand in for the directory.
     The KV pool holds ``max_total_tokens`` tokens, or ``mem_fraction`` of the
-    free device memory (host memory on CPU) when that is None.
+    memory free once the model is loaded (host memory on CPU) when that is None.
     """
 
     model_path: str | Path | None = None
@@ -27,10 +27,16 @@ class EngineConfig:
     load_format: str = "auto"
     dtype: str = "float32"
     device: str = "cpu"
-    attention_backend: str = "torch"
+    # None: "torch", or "triton" when deterministic
+    attention_backend: str | None = None
+    # batch-invariant kernels (fixed reduction orders and split sizes): a request's logits
+    # depend neither on the rest of the batch nor on prefill vs decode of its prefix
+    deterministic: bool = False
     page_size: int = 1
     max_total_tokens: int | None = None
-    mem_fraction: float = 0.5
+    # None: 0.85 on CUDA (activations need little beside the pool; 256 requests of the
+    # offline workload then fit without retractions), 0.5 of host memory on the CPU
+    mem_fraction: float | None = None
     max_running_requests: int = 256
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int | None = 8192
@@ -45,7 +51,25 @@ class EngineConfig:
     # torch's intra-op threads in the process that runs the core (None: torch's default)
     torch_threads: int | None = None
 
+    @property
+    def kv_mem_fraction(self) -> float:
+        if self.mem_fraction is not None:
+            return self.mem_fraction
+        return 0.85 if self.device.startswith("cuda") else 0.5
+
+    @property
+    def backend(self) -> str:
+        """The attention backend in effect."""
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "triton" if self.deterministic else "torch"
+
     def __post_init__(self) -> None:
+        if self.deterministic and self.backend != "triton":
+            raise ConfigError(
+                f"deterministic inference needs attention_backend='triton' (its kernels have "
+                f"fixed reduction orders), got {self.attention_backend!r}"
+            )
         if self.model_path is None and self.model_config is None:
             raise ConfigError(
                 "EngineConfig needs a model_path (a Hugging Face model directory) or a model_config"
@@ -68,5 +92,5 @@ class EngineConfig:
             )
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError(f"torch_threads: expected None or >= 1, got {self.torch_threads}")
-        if not 0.0 < self.mem_fraction <= 1.0:
+        if self.mem_fraction is not None and not 0.0 < self.mem_fraction <= 1.0:
             raise ConfigError(f"mem_fraction: expected a number in (0, 1], got {self.mem_fraction}")

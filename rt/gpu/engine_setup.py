@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from rt.errors import ConfigError
-from rt.gpu.attention import create_attention_backend
+from rt.gpu.attention import SLOTS_MAJOR_BACKENDS, create_attention_backend
 from rt.gpu.engine_config import EngineConfig
 from rt.gpu.kv_cache import KVCacheManager, ReqTable
 from rt.gpu.kv_pool import KVPool, PageAllocator
@@ -18,6 +18,7 @@ from rt.gpu.loader import load_model, resolve_dtype
 from rt.gpu.model_config import ModelConfig
 from rt.gpu.model_dir import ModelFiles, read_model_dir
 from rt.gpu.model_runner import ModelRunner, NullModel
+from rt.gpu.models.ops import create_ops
 from rt.gpu.planners import DecodePlanner, PrefillPlanner
 from rt.gpu.radix_cache import RadixCache
 
@@ -73,7 +74,14 @@ def build_parts(config: EngineConfig) -> EngineParts:
     )
     num_pages = max(2, total_tokens // ps + 1)  # + the reserved page 0
     pool = KVPool(
-        num_pages, ps, attn_layers, model_config.num_kv_heads, model_config.head_dim, dtype, device
+        num_pages,
+        ps,
+        attn_layers,
+        model_config.num_kv_heads,
+        model_config.head_dim,
+        dtype,
+        device,
+        slots_major=config.backend in SLOTS_MAJOR_BACKENDS,
     )
     allocator = PageAllocator(num_pages, ps)
     width = min(context_length, (num_pages - 1) * ps)
@@ -83,9 +91,14 @@ def build_parts(config: EngineConfig) -> EngineParts:
     attn = None
     if config.load_format != "null":
         attn = create_attention_backend(
-            config.attention_backend, pool, table.slots, model_config.sliding_windows
+            config.backend,
+            pool,
+            table.slots,
+            model_config.sliding_windows,
+            config.deterministic,
         )
-    runner = ModelRunner(model, attn, device)  # type: ignore[arg-type]
+    ops = create_ops(config.backend, config.deterministic)
+    runner = ModelRunner(model, attn, device, ops)  # type: ignore[arg-type]
     prefill = PrefillPlanner(
         cache,
         config.schedule_policy,
@@ -103,17 +116,20 @@ def _tokens_from_memory(
 ) -> int:
     per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     if device.type == "cuda":
+        # what the caching allocator holds but no tensor uses (load-time temporaries) is free
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
     else:
         free = _host_available_bytes()
-    tokens = int(free * config.mem_fraction) // per_token
+    fraction = config.kv_mem_fraction
+    tokens = int(free * fraction) // per_token
     # more than every running request at full context is never needed (and host RAM is shared)
     tokens = min(
         tokens, config.max_running_requests * (config.context_length or cfg.max_position_embeddings)
     )
     if tokens < 2 * config.page_size:
         raise ConfigError(
-            f"mem_fraction={config.mem_fraction} leaves room for {tokens} KV tokens; "
+            f"mem_fraction={fraction} leaves room for {tokens} KV tokens; "
             "raise it or set max_total_tokens"
         )
     log.info("KV pool: %d tokens (%.1f MiB)", tokens, tokens * per_token / 2**20)

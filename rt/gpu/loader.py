@@ -44,9 +44,12 @@ def load_model(
         raise ConfigError(
             f"load_format={load_format!r} cannot build a model; expected one of {LOAD_FORMATS[:3]}"
         )
+    # built on the meta device and cast there, then allocated once, in the target dtype on
+    # the target device: no float32 copy ever exists (it would stay in CUDA's caching
+    # allocator, where the KV pool's sizing cannot see it)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    model = model.to_empty(device=device).to(dtype)
+        model = LlamaForCausalLM(cfg).to(dtype)
+    model = model.to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # inv_freq is a non-persistent buffer: recompute it, meta init left it empty
@@ -61,16 +64,18 @@ def load_model(
 
 
 def _init_dummy(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Random weights drawn on the model's device, in its dtype (an 8B model's draw on
+    the host took over a minute)."""
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for i, (name, param) in enumerate(model.named_parameters()):
             if name.endswith("norm.weight") or "layernorm" in name:
                 param.fill_(1.0)
             elif name.endswith(".bias"):
                 param.zero_()
             else:
-                values = torch.randn(param.shape, generator=gen) * cfg.initializer_range
-                param.copy_(values.to(param.dtype))
+                # one generator per parameter: its values do not depend on the others' sizes
+                gen = torch.Generator(device=param.device).manual_seed(seed * 1_000_003 + i)
+                param.normal_(0.0, cfg.initializer_range, generator=gen)
 
 
 def shard_files(model_path: Path) -> list[Path]:

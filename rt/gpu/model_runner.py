@@ -10,6 +10,7 @@ import torch
 from rt.gpu.attention import AttentionBackend
 from rt.gpu.forward_batch import ForwardBatch
 from rt.gpu.models.llama import LlamaForCausalLM
+from rt.gpu.models.ops import TorchOps
 from rt.gpu.request import Req
 
 
@@ -54,10 +55,12 @@ class ModelRunner:
         model: LlamaForCausalLM | NullModel,
         attn: AttentionBackend | None,
         device: torch.device,
+        ops: TorchOps | None = None,
     ) -> None:
         self.model = model
         self.attn = attn
         self.device = device
+        self.ops = ops or TorchOps()
 
     def build_batch(
         self, items: Sequence[ScheduledReq], req_rows_device: torch.device
@@ -108,4 +111,4 @@ class ModelRunner:
         if isinstance(self.model, NullModel):
             return self.model(batch, self.attn)
         assert self.attn is not None
-        return self.model(batch, self.attn)
+        return self.model(batch, self.attn, self.ops)

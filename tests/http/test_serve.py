@@ -58,6 +58,18 @@ def test_help_documents_every_flag_and_every_engine_option(
         assert action.help, action.option_strings
 
 
+def test_backend_and_deterministic_flags_reach_the_engine_config() -> None:
+    from rt.serve import engine_options
+
+    args = build_parser().parse_args(["--enable-deterministic-inference"])
+    config = EngineOptions.build(**engine_options(args)).engine_config()
+    assert (config.deterministic, config.backend) == (True, "triton")
+    args = build_parser().parse_args(["--attention-backend", "flashinfer"])
+    assert EngineOptions.build(**engine_options(args)).engine_config().backend == "flashinfer"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--attention-backend", "cudnn"])
+
+
 @pytest.mark.parametrize(
     "argv", [["--page-size", "0"], ["--dtype", "int3"], ["--max-body-size", "0"], ["--bogus"]]
 )
