@@ -5,7 +5,6 @@ WebSocket transports need a server: tests/http/ runs them against rt-serve.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
@@ -13,26 +12,17 @@ import random
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from toollib import load_tool
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_serving.py"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_serving", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_serving"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-bs = _load()
+bs = load_tool("bench_serving")
 
 
 def test_lengths_are_fixed_at_ratio_one_and_in_range_below() -> None:

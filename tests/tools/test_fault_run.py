@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "fault_run.py"
+from toollib import load_tool
 
 
 def test_its_options_become_rt_chaos_options() -> None:
-    spec = importlib.util.spec_from_file_location("fault_run", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_tool("fault_run")
     argv = module.translate(
         ["--requests", "50", "--seed", "4", "--kills", "2", "--json", "--hogs", "1"]
     )
