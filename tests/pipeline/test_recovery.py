@@ -86,17 +86,28 @@ async def test_a_detokenizer_killed_at_any_frame_of_a_request_loses_nothing(
 
 @pytest.mark.slow
 async def test_a_detokenizer_killed_again_and_again_under_load_loses_nothing(
-    tiny_model,
+    tiny_model, tmp_path: Path
 ) -> None:
     """Its successor's first frame follows everything its predecessor sent, so the
     frontend takes those frames, then reopens every stream: one ordered path."""
-    reqs = [(f"prompt {i}", dict(max_new_tokens=40, ignore_eos=True, seed=i)) for i in range(24)]
-    async with rt.open_engine(str(tiny_model), max_total_tokens=8192, max_restarts=10) as engine:
-        want = [await collect(engine, p, **kw) for p, kw in reqs]
+    reqs = [(f"prompt {i}", dict(max_new_tokens=80, ignore_eos=True, seed=i)) for i in range(24)]
+    want: list[Any] = [None] * len(reqs)
+    async with rt.open_engine(str(tiny_model), max_total_tokens=8192) as engine:
+
+        async def ref(i: int) -> None:  # batched: float32 is batch-invariant
+            want[i] = await collect(engine, reqs[i][0], **reqs[i][1])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(reqs)):
+                nursery.start_soon(ref, i)
+    # each step of the scheduler slowed, so the load outlasts three restarts
+    slow = plan(tmp_path, dict(actor="scheduler", point="step", action="delay", delay_ms=40,
+                               times=10**6))  # fmt: skip
+    async with rt.open_engine(
+        str(tiny_model), max_total_tokens=8192, max_restarts=10, fault_plan=slow
+    ) as engine:
         got: list[Any] = [None] * len(reqs)
-        # kills at these many tokens received (of 960), counted in tokens, not chunks: a
-        # loaded machine coalesces steps into fewer chunks. Each kill waits for a new pid.
-        kill_at, killed, tokens = [100, 400, 700], set(), 0
+        tokens, killed = 0, set()
 
         async def one(i: int) -> None:
             nonlocal tokens
@@ -104,19 +115,28 @@ async def test_a_detokenizer_killed_again_and_again_under_load_loses_nothing(
             async for chunk in engine.stream(reqs[i][0], **reqs[i][1]):
                 text, ids = text + chunk.text, ids + list(chunk.output_ids)
                 tokens += len(chunk.output_ids)
-                pid = actor(engine, "detokenizer").pid
-                if kill_at and tokens >= kill_at[0] and pid and pid not in killed:
-                    kill_at.pop(0)
-                    killed.add(pid)
-                    os.kill(pid, signal.SIGKILL)
             got[i] = (text, ids)
+
+        async def killer() -> None:
+            # three kills, each of a running successor that has delivered tokens since
+            for _ in range(3):
+                since = tokens
+                while not (tokens >= since + 48 and actor(engine, "detokenizer").pid not in
+                           killed | {None}):  # fmt: skip
+                    await trio.sleep(0.005)
+                pid = actor(engine, "detokenizer").pid or 0
+                killed.add(pid)
+                os.kill(pid, signal.SIGKILL)
 
         with trio.fail_after(120):
             async with trio.open_nursery() as nursery:
-                for i in range(len(reqs)):
-                    nursery.start_soon(one, i)
+                nursery.start_soon(killer)
+                async with trio.open_nursery() as load:
+                    for i in range(len(reqs)):
+                        load.start_soon(one, i)
+                assert len(killed) == 3, f"the load ended after {len(killed)} kill(s)"
+                nursery.cancel_scope.cancel()
         assert got == want
-        assert len(killed) == 3
         await wait_restarted(engine, "detokenizer", restarts=3, timeout=60)
 
 
