@@ -21,6 +21,10 @@ Every frame a scheduler sends carries its ``epoch`` (its incarnation): after a
 scheduler restart the frontend reopens each live stream at the new epoch with
 the tokens it holds, and tokens of an older epoch are dropped from then on, so
 every output is one that a single run conditioned on its own prefix produced.
+A request has *attempts* too: when a frame of its output was lost on the way
+(a gap), the frontend resumes that request alone from the tokens it holds, at
+its next attempt, and tokens of an older ``(epoch, attempt)`` are dropped the
+same way.
 A ``rid`` on the rings is the frontend's own (unique per request, never holding
 "/"); the caller's rid stays in the frontend's table.
 """
@@ -71,6 +75,9 @@ class Scheduled(Message, frozen=True):
     # named in ``finished`` are done and are not run again.
     output_ids: tuple[np.ndarray, ...] = ()
     finished: tuple[int, ...] = ()
+    # the frontend's resumption of this request alone (after a gap in its output): a
+    # scheduler holding an older attempt of the rid replaces it with this one
+    attempt: int = 0
 
 
 class Tokenized(Message, frozen=True):
@@ -125,6 +132,7 @@ class OpenStream(Message, frozen=True):
     detok: DetokParams
     prior_ids: np.ndarray
     epoch: int = 0
+    attempt: int = 0  # the request's attempt (see Scheduled.attempt)
 
     @property
     def key(self) -> str:
@@ -153,6 +161,7 @@ class SeqTokens(Message, frozen=True):
     # the prompt's logprobs, with the first token of a request that asked for them
     prompt_logprobs: tuple[float, ...] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    attempt: int = 0  # the request's attempt these tokens belong to
 
 
 class SchedulerStats(Message, frozen=True):
@@ -203,6 +212,7 @@ class SeqDelta(Message, frozen=True):
     admitted_at: float = 0.0  # when the scheduler first admitted it (time.monotonic())
     prompt_logprobs: tuple[float, ...] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    attempt: int = 0  # the request's attempt of its tokens
 
 
 class DetokStats(Message, frozen=True):
@@ -220,6 +230,9 @@ class StreamDeltas(Message, frozen=True):
     stepped_at: float = 0.0
     unknown: tuple[str, ...] = ()  # stream keys with parked tokens and no open: close or open?
     detok: DetokStats | None = None
+    # streams whose tokens came with a gap before them (a lost frame), with the
+    # (epoch, attempt) they came at: the frontend resumes those requests
+    gaps: tuple[tuple[str, int, int], ...] = ()
 
 
 class DetokenizerUp(Message, frozen=True):

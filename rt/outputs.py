@@ -31,7 +31,8 @@ class Completion:
     matched_stop: int | str | None
     logprobs: tuple[float, ...] | None = None
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
-    # Where a restarted scheduler took this sequence over (tokens it already had):
+    # Where a restarted scheduler, or a resumption after a lost frame, took this sequence
+    # over (tokens it already had):
     # what came after each offset was generated conditioned on what came before.
     resumed_from: tuple[int, ...] = ()
 

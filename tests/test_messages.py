@@ -24,8 +24,11 @@ SAMPLING = SamplingParams(
 SEQ = m.SeqTokens(
     "r" * 32, 1, 4, (7, 8), "stop", 2, (-0.5, -1.0), [[(1, -0.1), (2, -2.0)]], 20, 4, 11,
     admitted_at=12.5, prompt_logprobs=(-1.5, -0.25), prompt_top_logprobs=[[(3, -0.2)], [(4, -0.1)]],
+    attempt=2,
 )  # fmt: skip
-DELTA = m.SeqDelta("r", 0, 0, (7,), 3, "abc", "stop", "END", None, None, 20, 0, 7, 2, 12.5, (-1.0,))
+DELTA = m.SeqDelta(
+    "r", 0, 0, (7,), 3, "abc", "stop", "END", None, None, 20, 0, 7, 2, 12.5, (-1.0,), attempt=1
+)
 REFUSED = m.Refused("q", "ValidationError", "too long")
 
 EXAMPLES: list[m.Message] = [
@@ -40,12 +43,13 @@ EXAMPLES: list[m.Message] = [
     ),
     m.GenerateRequest("r", messages=({"role": "user", "content": "hi"},)),
     m.Scheduled("r", IDS, SAMPLING, 2, (IDS[:3], IDS[:0]), (1,)),
+    m.Scheduled("r", IDS, SAMPLING, 0, (IDS[:3],), attempt=3),
     m.Tokenized("r", IDS, 4),
     REFUSED,
     m.Abort("r"),
     m.FinishNow("r"),
     m.Control("pause", 3),
-    m.OpenStream("r", 2, IDS[-4:], DetokParams(), IDS[:5], epoch=3),
+    m.OpenStream("r", 2, IDS[-4:], DetokParams(), IDS[:5], epoch=3, attempt=1),
     m.CloseStream("r/2"),
     SEQ,
     STATS,
@@ -53,6 +57,7 @@ EXAMPLES: list[m.Message] = [
     DELTA,
     m.DetokStats(streams=3, parked=1),
     m.StreamDeltas((DELTA,), (REFUSED,), None, 1.25, ("r/0",), m.DetokStats(1, 0)),
+    m.StreamDeltas((), gaps=(("r/0", 3, 1),)),
     m.DetokenizerUp(incarnation=2),
 ]
 

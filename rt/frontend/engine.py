@@ -13,7 +13,10 @@ back to the waiting caller, and recovers what a restarted actor lost:
   its predecessor sent, so the one task that reads that ring handles those
   frames first and then reopens every live stream (one ordered path);
 * tokenizer restarted: nothing to do, its ring redelivers what it had not
-  committed.
+  committed;
+* a frame of a request's output lost (a gap, seen by the table or reported by
+  the detokenizer): that request alone is resumed from what the table holds,
+  at its next attempt, and its streams reopened there.
 
 Every ring the frontend writes has one lock in front of it, so any number of
 callers wait their turn on a full ring (backpressure) instead of colliding.
@@ -44,7 +47,7 @@ from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
-from rt.frontend.table import Record, RequestTable, Update
+from rt.frontend.table import OutputGap, Record, RequestTable, Update
 from rt.frontend.wiring import SCHEDULER, supervisor_spec
 from rt.messages import (
     Abort,
@@ -335,9 +338,8 @@ class Engine:
         for delta in msg.deltas:
             try:
                 update = self.table.on_delta(delta, msg.stepped_at)
-            except AssertionError as err:  # a bug; it fails this request, not the engine
-                log.error("%s", err)
-                self._fail(Refused(delta.rid, "RequestFailedError", f"internal error: {err}"))
+            except OutputGap as gap:
+                self._resume(self.table.records[delta.rid], str(gap))
                 continue
             if update is None:
                 continue
@@ -348,6 +350,10 @@ class Engine:
                 self._finish(record)
         for refused in msg.refused:
             self._fail(refused)
+        for key, epoch, attempt in msg.gaps:
+            owner = self.table.records.get(key.rpartition("/")[0])
+            if owner is not None and (epoch, attempt) == (owner.epoch, owner.attempt):
+                self._resume(owner, f"stream {key}: the detokenizer lacks a frame before")
         for key in msg.unknown:  # parked tokens with no open: drop them if their end came
             rid, _, index = key.rpartition("/")
             owner = self.table.records.get(rid)
@@ -355,6 +361,8 @@ class Engine:
                 self._queue(self._to_sched, Abort(rid, if_running=True))
             if owner is None or owner.finished or owner.seqs[int(index)].finish_reason:
                 self._queue(self._to_detok, CloseStream(key))
+            else:  # its open may have been lost: opening again merges (idempotent)
+                self._open_streams(owner)
         if msg.stats is not None:
             self._stats.set(msg.stats)
         if msg.detok is not None:
@@ -454,6 +462,16 @@ class Engine:
         if record.input_ids is not None:
             for op in self.table.open_streams(record):
                 self._queue(self._to_detok, op)
+
+    def _resume(self, record: Record, why: str) -> None:
+        """A frame of ``record``'s output was lost: resume it alone, at its next attempt."""
+        if record.finished or record.held:
+            return  # nothing to resume; a held one is resubmitted when readmitted
+        log.warning("%s; resuming request %s alone", why, record.user_rid)
+        self.table.new_attempt(record)
+        record.progress_at = time.monotonic()
+        self._open_streams(record)
+        self._resubmit(record)
 
     def _readmit(self) -> None:
         """Readmit the next group held back, once nothing else is in flight."""

@@ -11,6 +11,12 @@ streams were last opened at; a delta of an older epoch is dropped, so what a
 record holds is always one run's output conditioned on its own prefix, even
 when a re-prefill after a restart computes different logits (bfloat16).
 
+**Attempts.** A frame of a request's output lost on its way (a gap: tokens
+that start past what the table or the detokenizer holds) is not a failure:
+the request is resumed alone from what the table holds, at its next attempt,
+and deltas of an older (epoch, attempt) are dropped like those of an older
+epoch, for the same reason.
+
 **Quarantine.** A scheduler crash cannot be attributed to one request.
 After a first crash every request in flight is resubmitted together (most
 crashes are transient: a kill, the OOM killer). When requests crash it again,
@@ -42,6 +48,10 @@ from rt.messages import (
 )
 
 
+class OutputGap(Exception):
+    """A delta that starts past what the table holds: a frame was lost on its way."""
+
+
 @dataclass
 class SeqState:
     """One output sequence (n > 1 requests have several)."""
@@ -53,7 +63,7 @@ class SeqState:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     seed: int | None = None
-    resumed_from: list[int] = field(default_factory=list)  # held tokens at each new epoch
+    resumed_from: list[int] = field(default_factory=list)  # held tokens at each resumption
 
 
 @dataclass
@@ -86,6 +96,7 @@ class Record:
     finished_at: float | None = None
     error: Refused | None = None
     epoch: int = 0  # the scheduler epoch its streams were last opened at
+    attempt: int = 0  # its resumptions alone (after a gap): the attempt its streams are at
     sent_epoch: int = 0  # the scheduler epoch it was last handed to
     crashes: int = 0  # scheduler crashes it was in flight for
     held: bool = False  # held back in quarantine: not in the scheduler
@@ -155,18 +166,18 @@ class RequestTable:
 
     def on_delta(self, delta: SeqDelta, stepped_at: float = 0.0) -> Update | None:
         """Merge one delta; return what was new, or None if nothing was. Raises
-        AssertionError on a gap (a lost frame: a bug, which fails the request)."""
+        OutputGap on a gap (a lost frame: the caller resumes the request)."""
         record = self.records.get(delta.rid)
         if record is None or record.finished or delta.index >= len(record.seqs):
             return None
-        if delta.epoch < record.epoch:
-            return None  # a dead scheduler's tokens past the point its successor resumed from
+        if (delta.epoch, delta.attempt) < (record.epoch, record.attempt):
+            return None  # a dead scheduler's (or attempt's) tokens past where the next resumed
         seq = record.seqs[delta.index]
         if seq.finish_reason is not None:
             return None
         have = len(seq.output_ids)
         if delta.token_offset > have or delta.text_offset > len(seq.text):
-            raise AssertionError(
+            raise OutputGap(
                 f"request {delta.rid}: a gap in the output (tokens from {delta.token_offset} "
                 f"with {have} held, text from {delta.text_offset} with {len(seq.text)} held)"
             )
@@ -217,7 +228,15 @@ class RequestTable:
             sampling = replace(sampling, prompt_logprobs=False)  # the table has them
         prior = tuple(np.asarray(s.output_ids, dtype=np.int64) for s in record.seqs)
         done = tuple(i for i, s in enumerate(record.seqs) if s.finish_reason is not None)
-        return Scheduled(record.rid, record.input_ids, sampling, record.req.priority, prior, done)
+        return Scheduled(
+            record.rid,
+            record.input_ids,
+            sampling,
+            record.req.priority,
+            prior,
+            done,
+            attempt=record.attempt,
+        )
 
     def new_epoch(self, epoch: int) -> None:
         """A scheduler restarted: from now on only tokens of ``epoch`` count for every
@@ -227,6 +246,14 @@ class RequestTable:
             for seq in record.seqs:
                 if seq.finish_reason is None:
                     seq.resumed_from.append(len(seq.output_ids))
+
+    def new_attempt(self, record: Record) -> None:
+        """``record`` lost a frame of its output: from now on only tokens of its next
+        attempt count (reopen its streams, resubmit it), resuming from what it holds."""
+        record.attempt += 1
+        for seq in record.seqs:
+            if seq.finish_reason is None:
+                seq.resumed_from.append(len(seq.output_ids))
 
     def open_streams(self, record: Record) -> list[OpenStream]:
         """The detokenizer streams of one request at its epoch, with the output it
@@ -241,6 +268,7 @@ class RequestTable:
                 record.req.detok,
                 np.asarray(seq.output_ids, dtype=np.int64),
                 record.epoch,
+                record.attempt,
             )
             for i, seq in enumerate(record.seqs)
             if seq.finish_reason is None

@@ -79,6 +79,7 @@ class EngineCore:
         output_ids: Sequence[Sequence[int]] = (),
         finished: Collection[int] = (),
         priority: int = 0,
+        attempt: int = 0,
     ) -> None:
         """Queue a request; thread-safe, the next step sees it.
 
@@ -96,6 +97,7 @@ class EngineCore:
         nothing.
 
         With the ``priority`` policy a higher ``priority`` is admitted first.
+        ``attempt`` is only carried: every output of the request reports it.
         Raises InvalidRequestError for bad ids or parameters and
         ContextOverflowError when the request could never fit the context or
         the KV pool.
@@ -140,6 +142,7 @@ class EngineCore:
                 priority=priority,
                 arrival=next(self._arrival),
                 output_ids=prior,
+                attempt=attempt,
             )
             if children:
                 req.gate = children[0]  # waits until that sibling has cached the shared prompt
@@ -252,6 +255,7 @@ class EngineCore:
                 seed=req.seed,
                 cached_tokens=req.cached_tokens or 0,
                 admitted_at=req.admitted_at,
+                attempt=req.attempt,
             )
             req.output_ids.append(tok)
             if result.logprobs is not None and (req.params.logprobs or req.params.top_logprobs):
@@ -338,7 +342,12 @@ class EngineCore:
             for req in list(self.reqs.get(rid, ())):
                 if req.finish_reason is None:
                     o = ReqOutput(
-                        req.rid, req.index, [], token_offset=len(req.output_ids), seed=req.seed
+                        req.rid,
+                        req.index,
+                        [],
+                        token_offset=len(req.output_ids),
+                        seed=req.seed,
+                        attempt=req.attempt,
                     )
                     self._finish(req, reason, o)
                     out.outputs.append(o)

@@ -46,6 +46,7 @@ class Req:
         False  # False while the prompt (or, after a retraction, prompt + outputs) is prefilled
     )
     gate: Req | None = None  # an n>1 sibling whose prompt prefill this one waits for
+    attempt: int = 0  # the frontend's resumption count of this request: stamped on outputs
     # prompt logprobs: computed by the request's first child, reported with its first token
     wants_prompt_logprobs: bool = False
     prompt_logprobs: list[float] = field(default_factory=list)  # of input_ids[1:], so far
@@ -99,6 +100,7 @@ class ReqOutput:
     admitted_at: float = field(default=0.0, compare=False)
     prompt_logprobs: list[float] | None = None  # with the first token, when asked for
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    attempt: int = 0  # its request's attempt (Req.attempt)
 
 
 @dataclass

@@ -11,18 +11,23 @@ those opens and re-reads the step frames its predecessor had not committed
 
 **Commit means done.** Tokens that cannot be decoded yet are *parked*: their
 stream is not open here (the frontend opens it once it has the prompt's ids,
-and the scheduler is often faster), or they come from a newer scheduler epoch
-than the stream was opened at (the frontend reopens every stream after a
-scheduler restart), or a frame before them is missing here (a successor
-waiting for its reopen). A step frame is committed only once nothing of it is
+and the scheduler is often faster), or they come from a newer run than the
+stream was opened at (the frontend reopens every stream after a scheduler
+restart, and a request's after a resumption), or a frame before them is
+missing here (a successor waiting for its reopen, or a lost frame). A step frame is committed only once nothing of it is
 parked: a detokenizer that dies with parked tokens leaves their frames in the
 ring for its successor. For a stream with parked tokens and no open, the
 detokenizer asks the frontend (``StreamDeltas.unknown``), which answers with
 a close if the request has ended, so nothing is parked forever.
 
-Tokens of an older epoch than their stream's are dropped: after a scheduler
+Tokens of an older *run* than their stream's are dropped: after a scheduler
 restart only the new incarnation's continuation of what the frontend holds
-counts (no splicing of two runs).
+counts (no splicing of two runs). A run is the pair (scheduler epoch, the
+request's attempt): a request is resumed alone, at its next attempt, when a
+frame of its output was lost. The detokenizer sees such a loss as tokens that
+start past what their stream has (a *gap*): it parks them, and tells the
+frontend once per stream and run (``StreamDeltas.gaps``), which resumes the
+request from the tokens it holds and reopens its streams at the new attempt.
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ class _Parked:
     """One sequence's tokens from one step frame, on its way to being decoded."""
 
     seq: SeqTokens
-    epoch: int
+    run: tuple[int, int]  # (scheduler epoch, the request's attempt)
     stepped_at: float
     source: _StepFrame
     held: bool = False  # counted in source.parked
@@ -83,8 +88,9 @@ class _Parked:
 class _Stream:
     rid: str
     index: int
-    epoch: int
+    run: tuple[int, int]  # (scheduler epoch, the request's attempt) it was opened at
     parked: list[_Parked] = field(default_factory=list)
+    gap_told: bool = False  # the frontend was told of a gap in this run
 
 
 class DetokenizerActor(Actor):
@@ -98,6 +104,7 @@ class DetokenizerActor(Actor):
         self.unopened: dict[str, list[_Parked]] = defaultdict(list)  # parked, no open yet
         self.asked: set[str] = set()  # unopened keys the frontend was asked about
         self.frames: deque[_StepFrame] = deque()  # received, not committed, in order
+        self.gaps: list[tuple[str, int, int]] = []  # to tell the frontend with the next frame
 
     async def run(self, ctx: ActorContext) -> None:
         await send(ctx.outbox[OUT], DetokenizerUp(ctx.incarnation))
@@ -148,11 +155,12 @@ class DetokenizerActor(Actor):
             return None
         source = _StepFrame(frame)
         self.frames.append(source)
-        items = [_Parked(seq, msg.epoch, msg.stepped_at, source) for seq in msg.seqs]
+        items = [_Parked(seq, (msg.epoch, seq.attempt), msg.stepped_at, source) for seq in msg.seqs]
         deltas, refused = self._apply(self._admit(items))
         unknown = tuple(sorted(k for k in self.unopened if k not in self.asked))
         self.asked.update(unknown)
-        if not (deltas or refused or msg.refused or msg.stats or unknown):
+        gaps, self.gaps = tuple(self.gaps), []
+        if not (deltas or refused or msg.refused or msg.stats or unknown or gaps):
             return None
         return StreamDeltas(
             tuple(deltas),
@@ -161,19 +169,20 @@ class DetokenizerActor(Actor):
             msg.stepped_at,
             unknown,
             self.stats(),
+            gaps,
         )
 
     def _admit(self, items: list[_Parked]) -> list[_Parked]:
         """Those of ``items`` that can be decoded now; the others are parked, or
-        dropped if older than their stream's epoch (the stream was reopened past
-        them after a scheduler restart)."""
+        dropped if older than their stream's run (the stream was reopened past
+        them after a scheduler restart or a resumption)."""
         ready = []
         for item in items:
             key = stream_key(item.seq.rid, item.seq.index)
             stream = self.streams.get(key)
-            if stream is not None and item.epoch < stream.epoch:
+            if stream is not None and item.run < stream.run:
                 self._release([item])
-            elif stream is None or item.epoch > stream.epoch or stream.parked:
+            elif stream is None or item.run > stream.run or stream.parked:
                 self._park(key, item)
             else:
                 ready.append(item)
@@ -217,12 +226,13 @@ class DetokenizerActor(Actor):
         stream = self.streams.get(key)
         deltas: list[SeqDelta] = []
         refused: list[Refused] = []
+        run = (msg.epoch, msg.attempt)
         try:
-            if stream is not None and msg.epoch > stream.epoch:
+            if stream is not None and run > stream.run:
                 self.detok.close(key)  # rebuilt below from what the frontend holds
-                stream.epoch = msg.epoch
+                stream.run, stream.gap_told = run, False
             elif stream is None:
-                stream = self.streams[key] = _Stream(msg.rid, msg.index, msg.epoch)
+                stream = self.streams[key] = _Stream(msg.rid, msg.index, run)
                 stream.parked = self.unopened.pop(key, [])
                 self.asked.discard(key)
             merged = self.detok.open(
@@ -238,9 +248,10 @@ class DetokenizerActor(Actor):
         more, refused = self._apply(ready)
         deltas += more
         stepped_at = max((p.stepped_at for p in ready), default=0.0)
-        if not deltas and not refused:
+        gaps, self.gaps = tuple(self.gaps), []
+        if not deltas and not refused and not gaps:
             return None
-        return StreamDeltas(tuple(deltas), tuple(refused), stepped_at=stepped_at)
+        return StreamDeltas(tuple(deltas), tuple(refused), stepped_at=stepped_at, gaps=gaps)
 
     def _close(self, key: str) -> None:
         self.detok.close(key)
@@ -259,15 +270,15 @@ class DetokenizerActor(Actor):
     def _opened(self, stream: _Stream, delta: TextDelta) -> SeqDelta:
         """A delta from merging an open's prior ids: no step record behind it."""
         src = SeqTokens(stream.rid, stream.index, delta.token_offset, tuple(delta.ids))
-        return _seq_delta(delta, src, stream.epoch)
+        return _seq_delta(delta, src, stream.run)
 
     def _apply(self, items: list[_Parked]) -> tuple[list[SeqDelta], list[Refused]]:
         """Detokenize a batch, releasing each item's hold on its frame. A sequence
         may appear more than once (tokens that were parked): each round holds a
         sequence at most once, so every delta maps back to its step record. A
         sequence whose tokens start past what its stream has is parked again (a
-        successor waiting for its reopen); one that makes decoding fail is
-        refused alone."""
+        successor waiting for its reopen, or a lost frame: the frontend is told);
+        one that makes decoding fail is refused alone."""
         rounds: list[dict[str, _Parked]] = []
         for item in items:
             key = stream_key(item.seq.rid, item.seq.index)
@@ -286,7 +297,10 @@ class DetokenizerActor(Actor):
                     del round_[key]
                     self._release([item])
                 elif stream.parked or item.seq.token_offset > self.detok.output_len(key):
-                    del round_[key]  # a gap: wait for a reopen with what came before
+                    if not stream.parked and not stream.gap_told:  # this one is the gap
+                        stream.gap_told = True
+                        self.gaps.append((key, *stream.run))
+                    del round_[key]  # wait for a reopen with what came before
                     self._park(key, item)
             updates = [
                 TokenUpdate(key, p.seq.token_offset, p.seq.ids, finished=_ends(p.seq))
@@ -298,7 +312,7 @@ class DetokenizerActor(Actor):
                 results = self._step_apart(updates, refused)
             for delta in results:
                 item = round_[delta.rid]
-                out.append(_seq_delta(delta, item.seq, self.streams[delta.rid].epoch))
+                out.append(_seq_delta(delta, item.seq, self.streams[delta.rid].run))
             self._release(list(round_.values()))
         return out, refused
 
@@ -330,7 +344,7 @@ def _ends(seq: SeqTokens) -> bool:
     return seq.finish_reason not in (None, "abort")
 
 
-def _seq_delta(delta: TextDelta, src: SeqTokens, epoch: int) -> SeqDelta:
+def _seq_delta(delta: TextDelta, src: SeqTokens, run: tuple[int, int]) -> SeqDelta:
     reason: str | None = src.finish_reason
     matched: int | str | None = src.matched_stop
     if delta.stop_matched is not None:
@@ -350,7 +364,8 @@ def _seq_delta(delta: TextDelta, src: SeqTokens, epoch: int) -> SeqDelta:
         prompt_tokens=src.prompt_tokens,
         cached_tokens=src.cached_tokens,
         seed=src.seed,
-        epoch=epoch,
+        epoch=run[0],
+        attempt=run[1],
         admitted_at=src.admitted_at,
         prompt_logprobs=src.prompt_logprobs,
         prompt_top_logprobs=src.prompt_top_logprobs,

@@ -21,6 +21,12 @@ never comes. The TTL is far beyond the time a ``Scheduled`` trails its abort
 (a ring hop, or a tokenizer restart); one later than that runs unwatched, and
 the frontend ends it as unknown.
 
+A ``Scheduled`` of a later *attempt* than the one the core holds for its rid
+(the frontend resuming that request alone after a gap in its output) replaces
+it: the held one is aborted, and the new one joins once the abort has been
+applied (``replacing``). Its frames carry the new attempt, so what is still in
+flight of the old one is dropped downstream.
+
 An operator's ``Control`` (pause, continue, flush the prefix cache) is
 committed at once, applied between two steps and answered with a stats
 report; while paused no forward pass runs, but aborts and finishes are still
@@ -121,6 +127,8 @@ class SchedulerActor(Actor):
         # rid -> trio deadline, in deadline order (one TTL, set in time order)
         self.tombstones: dict[str, float] = {}
         self.refused: list[Refused] = []
+        # rid -> a later attempt, added once the core has let go of the one it holds
+        self.replacing: dict[str, Scheduled] = {}
         self.placement = StepPlacement()
         self.wakeup = trio.Event()
         self.steps = 0
@@ -168,6 +176,8 @@ class SchedulerActor(Actor):
             return
         if held:
             (self.engine.abort if isinstance(msg, Abort) else self.engine.finish)(rid)
+        if isinstance(msg, Abort):
+            self.replacing.pop(rid, None)
         if not held or any(m.rid == rid for m, _, _ in self.incoming):
             self.tombstones.pop(rid, None)
             self.tombstones[rid] = trio.current_time() + TOMBSTONE_TTL_S
@@ -281,6 +291,8 @@ class SchedulerActor(Actor):
         )
 
     def _admit(self, ctx: ActorContext) -> None:
+        for rid in [rid for rid in self.replacing if rid not in self.engine.reqs]:
+            self._add(self.replacing.pop(rid))  # its predecessor's abort is applied
         batch, self.incoming = self.incoming, []
         last: dict[str, Frame] = {}
         for msg, inbox, frame in batch:
@@ -290,8 +302,13 @@ class SchedulerActor(Actor):
                 continue  # stopped before it got here
             # (a resubmission from the frontend overrides an abort: the frontend holds
             # suspects back after a scheduler crash by aborting them, and readmits them)
-            if msg.rid in self.engine.reqs:
-                continue  # a duplicate: redelivered by a restarted tokenizer, or resubmitted
+            held = self.engine.reqs.get(msg.rid)
+            if held is not None:
+                waiting = self.replacing.get(msg.rid)
+                if msg.attempt > (waiting.attempt if waiting else held[0].attempt):
+                    self.engine.abort(msg.rid)  # a resumption of it alone: replace it
+                    self.replacing[msg.rid] = msg
+                continue  # else a duplicate: redelivered by a restarted tokenizer, or resubmitted
             self._add(msg)
         for inbox, frame in last.items():
             ctx.inbox[inbox].commit(frame)
@@ -319,6 +336,7 @@ class SchedulerActor(Actor):
                 output_ids=output_ids,
                 finished=msg.finished,
                 priority=msg.priority,
+                attempt=msg.attempt,
             )
         except RequestError as err:
             self.refused.append(refuse(msg.rid, err))
@@ -336,7 +354,13 @@ class SchedulerActor(Actor):
     @property
     def num_request_records(self) -> int:
         """Per-request records held here and in the core; 0 once every request ended."""
-        return len(self.engine.reqs) + len(self.incoming) + len(self.tombstones) + len(self.refused)
+        return (
+            len(self.engine.reqs)
+            + len(self.incoming)
+            + len(self.tombstones)
+            + len(self.refused)
+            + len(self.replacing)
+        )
 
     def _stats(self) -> SchedulerStats:
         """Reported each time the core goes idle, with its KV invariants checked."""
@@ -379,6 +403,7 @@ class SchedulerActor(Actor):
                 admitted_at=o.admitted_at,
                 prompt_logprobs=tuple(o.prompt_logprobs) if o.prompt_logprobs is not None else None,
                 prompt_top_logprobs=o.prompt_top_logprobs,
+                attempt=o.attempt,
             )
             for o in out.outputs
         )

@@ -1,5 +1,5 @@
-"""The request table merges idempotently, keeps one epoch's output, and
-isolates the request that crashes the scheduler."""
+"""The request table merges idempotently, keeps one run's output (epoch and
+attempt), and isolates the request that crashes the scheduler."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rt.errors import InvalidRequestError
-from rt.frontend.table import RequestTable
+from rt.frontend.table import OutputGap, RequestTable
 from rt.gpu.sampling_params import SamplingParams
 from rt.messages import GenerateRequest, Refused, SeqDelta, Tokenized
 
@@ -48,9 +48,26 @@ def test_redelivered_and_overlapping_deltas_are_merged_once(table) -> None:
     assert table.on_delta(delta("a", 4, [5], 4, "e")) is None  # nothing after the finish
 
 
-def test_a_gap_is_a_bug_not_silently_skipped(table) -> None:
-    with pytest.raises(AssertionError, match="gap"):
-        table.on_delta(delta("a", 3, [9], 0, ""))
+def test_a_gap_is_never_skipped_and_its_request_resumes_at_its_next_attempt(table) -> None:
+    table.on_delta(delta("a", 0, [1, 2], 0, "ab"))
+    with pytest.raises(OutputGap, match="gap"):  # a frame lost: tokens 2 and 3 missing
+        table.on_delta(delta("a", 4, [9], 4, "x"))
+    assert table.records["a"].seqs[0].output_ids == [1, 2]
+    record = table.records["a"]
+    table.new_attempt(record)
+    assert record.seqs[0].resumed_from == [2]
+    sub = table.resubmission(record)
+    assert sub is not None and sub.attempt == 1 and sub.output_ids[0].tolist() == [1, 2]
+    assert [op.attempt for op in table.open_streams(record)] == [1]
+    # the old attempt's tokens still on their way are dropped, the new one's taken
+    assert table.on_delta(delta("a", 2, [3], 2, "c", attempt=0)) is None
+    kept = table.on_delta(delta("a", 2, [5], 2, "e", attempt=1))
+    assert kept is not None and kept.ids == [5]
+    # a scheduler restart after it: the attempt stays, the epoch moves on
+    table.new_epoch(2)
+    assert table.on_delta(delta("a", 3, [6], 3, "f", epoch=1, attempt=1)) is None
+    assert table.on_delta(delta("a", 3, [7], 3, "g", epoch=2, attempt=1)) is not None
+    assert record.seqs[0].output_ids == [1, 2, 5, 7] and record.seqs[0].resumed_from == [2, 3]
 
 
 def test_a_callers_rid_is_refused_in_flight_and_free_again_once_it_left(table) -> None:

@@ -167,6 +167,52 @@ async def test_a_request_whose_frame_was_lost_is_sent_again(
         assert all(a.restart_count == 0 for a in engine.actors())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("point", "after"), [("receive", 4), ("receive", 12), ("send", 4), ("send", 12)]
+)
+async def test_a_frame_of_output_lost_resumes_its_requests_alone(
+    tiny_model, tmp_path: Path, point: str, after: int
+) -> None:
+    """A frame lost on its way into the detokenizer (a step's tokens) or out of it
+    (a step's deltas) leaves a gap in the output of every request in it: that failed
+    them with an internal error. Now each is resumed alone from what the frontend
+    holds, at its next attempt, and ends as an unfaulted run does (float32: byte for
+    byte), with no restart and no stall timeout behind it. A lost stream's open (it
+    hung its request) is sent again when the detokenizer asks about its tokens."""
+    reqs = [
+        (f"prompt {i}", dict(max_new_tokens=24, ignore_eos=True, seed=i, temperature=0.8 * (i % 2)))
+        for i in range(8)
+    ]
+    want: list[Any] = [None] * len(reqs)
+    got: list[Any] = [None] * len(reqs)
+
+    async def run(engine: rt.Engine, out: list[Any]) -> None:
+        async def one(i: int) -> None:
+            if i % 2:  # streamed: the chunks must add up too
+                out[i] = (*await collect(engine, reqs[i][0], **reqs[i][1]), None)
+            else:
+                o = await engine.generate(reqs[i][0], **reqs[i][1])
+                out[i] = (o.text, list(o.output_ids), o.choices[0].resumed_from)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(len(reqs)):
+                    nursery.start_soon(one, i)
+
+    async with rt.open_engine(str(tiny_model), max_total_tokens=8192) as engine:
+        await run(engine, want)
+    rule = dict(actor="detokenizer", point=point, action="drop", after=after, incarnation=1)
+    async with rt.open_engine(
+        str(tiny_model), max_total_tokens=8192, stall_timeout=0, fault_plan=plan(tmp_path, rule)
+    ) as engine:
+        await run(engine, got)
+        assert all(a.restart_count == 0 for a in engine.actors())
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    if point == "send":  # (a frame received may be a stream's open instead: reopened)
+        assert any(g[2] for g in got), "no request was resumed: the drop missed every output"
+
+
 # ---- one sender per ring ----------------------------------------------------------------
 
 
