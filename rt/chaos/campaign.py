@@ -5,6 +5,13 @@ replayed by its seed (``--replay SEED``), and a subset of its faults by
 their ids (``--faults 3,7``). Shrinking replays subsets of the failing
 schedule (:mod:`rt.chaos.shrink`); a subset fails when its run gets a
 finding from one of the checkers the original run failed.
+
+Two cuts come first, both from causality: a fault that never fired, or fired
+only after the first finding the shrink keeps (a request's end, for a
+finding about a request), cannot have caused it, so ddmin starts from the
+faults that fired before it (when that subset still fails on replay, else
+from all); and a run with a ``--duration`` is replayed only up to that
+finding plus a margin (``REPLAY_MARGIN``), not for its whole length.
 """
 
 from __future__ import annotations
@@ -90,7 +97,7 @@ async def campaign(
     say(f"run done in {outcome.seconds:.0f} s: {len(verdict.findings)} finding(s)")
     if verdict.failed and config.shrink_budget > 0:
         outcome.shrunk, outcome.shrunk_verdict = await shrink(
-            run, schedule, verdict, judge, config.shrink_budget, say
+            run, schedule, verdict, judge, config.shrink_budget, say, ledger
         )
     outcome.seconds = time.monotonic() - start
     return outcome
@@ -117,6 +124,42 @@ def most_severe(verdict: Verdict) -> str:
     return next((c for c in SEVERITY if c in found), min(found))
 
 
+REPLAY_MARGIN = (30.0, 0.25)  # a replay runs to the finding + max(30 s, 25 % of its time)
+
+
+def first_finding_at(ledger: Ledger, verdict: Verdict, wanted: set[str]) -> float | None:
+    """When the first finding of a ``wanted`` checker showed (the end of its
+    request); None when one of them has no time (a request that never ended, a
+    finding about the whole run)."""
+    records = ledger.requests()
+    times = []
+    for finding in verdict.findings:
+        if finding.checker not in wanted:
+            continue
+        rec = records.get(finding.req) if finding.req is not None else None
+        if rec is None or rec.end is None:
+            return None
+        times.append(float(rec.end["t"]))
+    return min(times, default=None)
+
+
+def replay_duration(duration: float | None, found_at: float | None) -> float | None:
+    """How long a replay of a timed run needs to run: to the finding and a margin."""
+    if duration is None or found_at is None:
+        return duration
+    return min(duration, found_at + max(REPLAY_MARGIN[0], REPLAY_MARGIN[1] * found_at))
+
+
+def causal_faults(ledger: Ledger, schedule: Schedule, before: float | None) -> list[Fault]:
+    """The faults that fired, no later than ``before`` when it is given."""
+    fired: dict[int, float] = {}
+    for e in ledger.of_kind("fault"):
+        fired.setdefault(int(e["id"]), float(e["t"]))
+    return [
+        f for f in schedule.faults if f.id in fired and (before is None or fired[f.id] <= before)
+    ]
+
+
 async def shrink(
     run: RunConfig,
     schedule: Schedule,
@@ -124,10 +167,16 @@ async def shrink(
     judge: Judge,
     budget: int,
     say: Callable[[str], None],
+    ledger: Ledger | None = None,
 ) -> tuple[Shrunk[Fault], Verdict | None]:
     wanted = {most_severe(verdict)}
     say(f"shrinking {len(schedule.faults)} faults for the [{min(wanted)}] failure")
     verdicts: dict[tuple[int, ...], Verdict] = {}
+    found_at = first_finding_at(ledger, verdict, wanted) if ledger is not None else None
+    duration = replay_duration(run.duration, found_at)
+    if duration != run.duration:
+        run = replace(run, duration=duration)
+        say(f"shrink: replays run {duration:.0f} s (the finding came at {found_at:.0f} s)")
 
     async def fails(faults: list[Fault]) -> bool:
         subset = schedule.subset([f.id for f in faults])
@@ -139,6 +188,18 @@ async def shrink(
         say(f"shrink: {len(faults)} fault(s) {list(ids)}: {'fails' if failed else 'passes'}")
         return failed
 
-    shrunk = await ddmin(list(schedule.faults), fails, budget)
+    start = list(schedule.faults)
+    cut = causal_faults(ledger, schedule, found_at) if ledger is not None else start
+    cut_tried: tuple[int, bool] | None = None
+    if len(cut) < len(start) and budget > 1:
+        say(f"shrink: {len(cut)} of {len(start)} faults fired before the finding")
+        budget -= 1
+        cut_tried = (len(cut), await fails(cut))
+        if cut_tried[1]:
+            start = cut
+    shrunk = await ddmin(start, fails, budget)
+    if cut_tried is not None:  # one replay more than ddmin's own
+        shrunk.tries += 1
+        shrunk.log.insert(0, cut_tried)
     key = tuple(f.id for f in shrunk.items)
     return shrunk, verdicts.get(key, verdict if len(shrunk.items) == len(schedule.faults) else None)

@@ -58,15 +58,20 @@ def test_a_failing_run_exits_1_with_its_shortest_schedule(tmp_path, capsys) -> N
     """End to end through main(): two planned detokenizer crashes where rt
     allows one restart make the engine checker fail (an escalation); the
     exit status is 1 and --json carries the shrunk schedule: both faults,
-    since either alone passes."""
+    since either alone passes. Three more faults never fire: the shrink
+    drops them first (one replay), so ddmin's budget goes to the two that
+    matter (without the cut it ran out before proving them minimal)."""
     import json
 
     from rt.chaos.cli import main
 
     kill = {"kind": "sigkill", "actor": "detokenizer", "via": "plan", "phase": "frame",
             "point": "receive", "after": 2}  # fmt: skip
+    never = {"kind": "sigkill", "actor": "tokenizer0", "via": "plan", "phase": "frame",
+             "point": "receive", "after": 10**6}  # fmt: skip
     schedule = {"seed": 3, "faults": [kill | {"id": 0, "incarnation": 1},
-                                      kill | {"id": 1, "incarnation": 2}]}  # fmt: skip
+                                      kill | {"id": 1, "incarnation": 2},
+                                      *(never | {"id": i} for i in (2, 3, 4))]}  # fmt: skip
     path = tmp_path / "schedule.json"
     path.write_text(json.dumps(schedule))
     argv = ["--in-process", "--load-format", "null", "--requests", "6", "--concurrency", "2",
@@ -77,4 +82,5 @@ def test_a_failing_run_exits_1_with_its_shortest_schedule(tmp_path, capsys) -> N
     report = json.loads(capsys.readouterr().out)
     assert not report["passed"] and report["checks"]["engine"] == "FAIL"
     assert report["shrunk"]["ids"] == [0, 1] and report["shrunk"]["for"] == "engine"
+    assert report["shrunk"]["replays"] == 4 and not report["shrunk"]["budget_ran_out"]
     assert report["shrunk"]["replay"].startswith("rt-chaos --replay 3 --faults 0,1")
