@@ -282,8 +282,12 @@ def spawn(
 
 
 def run_zmq(transport: str, mode: str, payload: str, n: int) -> list[float]:
+    with tempfile.TemporaryDirectory(prefix="rt-bench-") as tmp:  # its sockets go with it
+        return _run_zmq(transport, mode, payload, n, os.path.join(tmp, "sock"))
+
+
+def _run_zmq(transport: str, mode: str, payload: str, n: int, addr: str) -> list[float]:
     use_rt_codec = transport == "zmq_rt_codec"
-    addr = os.path.join(tempfile.mkdtemp(prefix="rt-bench-"), "sock")
     ctx = zmq.Context()
     inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     inp.bind(f"ipc://{addr}.up")
