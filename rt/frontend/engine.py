@@ -34,8 +34,8 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -139,6 +139,7 @@ class Engine:
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
         self._round_robin = itertools.count()
         self._closing = False
+        self._holds = 0  # callers answering for requests that left the table (hold())
         self._epoch = supervisor.status().actor(SCHEDULER).incarnation
         self._stats: Latest[SchedulerStats] = Latest()
         self._detok_stats: Latest[DetokStats] = Latest()
@@ -488,6 +489,16 @@ class Engine:
 
     # ---- shutdown -------------------------------------------------------------------
 
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """A caller still answering for its requests after they left the table (an
+        HTTP response writing its last events): a drain waits for it too."""
+        self._holds += 1
+        try:
+            yield
+        finally:
+            self._holds -= 1
+
     async def stop_on_signal(self, cancel_scope: trio.CancelScope) -> None:
         """SIGTERM or SIGINT: refuse new requests, let those in flight finish for
         at most ``drain_timeout``, then end the ``async with`` body (cancelled)."""
@@ -502,7 +513,7 @@ class Engine:
                     self.options.drain_timeout,
                 )
                 with trio.move_on_after(self.options.drain_timeout):
-                    while self.table.live():
+                    while self.table.live() or self._holds:
                         await trio.sleep(0.05)
                 cancel_scope.cancel()
                 return

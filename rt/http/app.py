@@ -106,12 +106,13 @@ class App:
             return
         if not route.open:
             self._check_key(ex.scope)
-        if route.body:
-            body = await ex.read_body(self.front.settings.max_body_size)
-            await route.handler(self.front, ex, body)
-        else:
-            await ex.discard_body()
-            await route.handler(self.front, ex)
+        with self.front.engine.hold():  # a drain waits until the answer is written
+            if route.body:
+                body = await ex.read_body(self.front.settings.max_body_size)
+                await route.handler(self.front, ex, body)
+            else:
+                await ex.discard_body()
+                await route.handler(self.front, ex)
 
     async def _other(self, ex: Exchange) -> None:
         if ex.path.startswith(MODELS_PREFIX) and ex.method == "GET":

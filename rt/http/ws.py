@@ -157,21 +157,22 @@ class Connection:
             await self._frame(frame)
 
         try:
-            with scope:
-                results = await run(front, jobs, on_delta)
-            if scope.cancelled_caught:
-                partial.aborted = "cancelled by the client"
-                results = [partial]
-            result = results[0]
-            meta = (
-                native.output(front, req, result, result.seqs[0], 0)["meta_info"]
-                if result.seqs
-                else {"id": result.rid}
-            )
-            meta["completion_tokens"] = result.completion_tokens
-            if scope.cancelled_caught:
-                meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
-            await self._frame({"id": cid, "type": "done", "meta_info": meta})
+            with front.engine.hold():  # a drain waits for its "done" frame too
+                with scope:
+                    results = await run(front, jobs, on_delta)
+                if scope.cancelled_caught:
+                    partial.aborted = "cancelled by the client"
+                    results = [partial]
+                result = results[0]
+                meta = (
+                    native.output(front, req, result, result.seqs[0], 0)["meta_info"]
+                    if result.seqs
+                    else {"id": result.rid}
+                )
+                meta["completion_tokens"] = result.completion_tokens
+                if scope.cancelled_caught:
+                    meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
+                await self._frame({"id": cid, "type": "done", "meta_info": meta})
         except HTTPError as err:
             await self._error(cid, err)
         finally:

@@ -91,3 +91,47 @@ def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished:
         time.sleep(0.05)
     assert not [pid for pid in actors if alive(pid)]
     assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{proc.pid}_")]
+
+
+HOLD_SCRIPT = r"""
+import trio, rt
+
+async def main():
+    async with rt.open_engine(load_format="null", drain_timeout=60.0) as engine:
+        async with trio.open_nursery() as nursery:
+            async def answer():
+                with engine.hold():  # as an HTTP response does until its last event is out
+                    out = await engine.generate("busy", max_new_tokens=4, ignore_eos=True)
+                    print("READY", flush=True)
+                    await trio.sleep(1.0)  # still writing the answer when the signal comes
+                    print("ANSWERED", len(out.output_ids), flush=True)
+            nursery.start_soon(answer)
+            await trio.sleep_forever()
+    print("STOPPED BY", engine.stopped_by, flush=True)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_a_drain_waits_for_answers_still_being_written() -> None:
+    """The drain used to end once no request was live in the table, cancelling an
+    SSE response that had its last tokens but had not yet written its final events
+    and ``[DONE]`` (a truncated stream under load). A caller holding the engine
+    (``Engine.hold()``: every HTTP answer and WebSocket generation does) is waited for."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert out.splitlines() == ["ANSWERED 4", "STOPPED BY SIGTERM"], out
