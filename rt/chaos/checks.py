@@ -92,7 +92,10 @@ def _blamed_by_design(
     it was in flight were enough to make it a suspect each time, and one of
     them at least was not a poison request's: a poison request crashes the
     actor only with it in hand, so an innocent it crashed was never alone
-    (refusing it for those crashes alone is blaming the wrong request)."""
+    (refusing it for those crashes alone is blaming the wrong request). A crash
+    fired up to ``CRASH_SLACK_S`` before the request was sent counts: rt learns
+    of it later (its exit, then the restart), and a request already in the
+    table by then is in flight for it as far as rt can tell."""
     error = end.get("error") or ""
     match = _CRASH_REFUSAL.search(error)
     if end["state"] != FAILED_FINAL or match is None:
@@ -102,11 +105,13 @@ def _blamed_by_design(
         e
         for e in ledger.of_kind("fault")
         if e.get("crash")
-        and invoked_at <= e["t"] <= end["t"]
+        and invoked_at - CRASH_SLACK_S <= e["t"] <= end["t"]
         and e["actor"].rstrip("0123456789") == actor
     ]
     return len(crashes) >= needed and any(e.get("id") not in poison_faults for e in crashes)
 
+
+CRASH_SLACK_S = 1.0
 
 # rt's two refusals of a suspected poison request (the tokenizer's, the scheduler's)
 _CRASH_REFUSAL = re.compile(
@@ -134,6 +139,8 @@ def _unexpected(spec: dict[str, Any], end: dict[str, Any], poison: set[str]) -> 
         return None
     if state == FAILED_RETRYABLE and end.get("at_shutdown"):
         return None
+    if state == FAILED_FINAL and (status == 400 or not status) and "ContextOverflowError" in error:
+        return None  # a long prompt with a long --max-tokens: rightly refused as too long
     return f"an innocent request {state}: {error}".rstrip(": ")
 
 

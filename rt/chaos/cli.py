@@ -34,6 +34,20 @@ def duration(text: str) -> float:
     return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
 
 
+def token_range(text: str) -> tuple[int, int]:
+    """``LO,HI`` (or one number): a range of output lengths."""
+    parts = text.split(",")
+    try:
+        if len(parts) > 2:
+            raise ValueError
+        lo, hi = int(parts[0]), int(parts[-1])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI (integers), got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
 def listed(choices: tuple[str, ...]) -> Any:
     def parse(text: str) -> tuple[str, ...]:
         items = tuple(x.strip() for x in text.split(",") if x.strip())
@@ -75,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--timeout", type=float, default=180.0, help="seconds before a request counts as hung"
     )
+    load.add_argument("--max-tokens", type=token_range, default=(8, 40), metavar="LO,HI",
+                      help="each request's max_new_tokens, drawn in [LO, HI] (default 8,40)")  # fmt: skip
     load.add_argument("--hogs", type=int, default=0, help="CPU hog processes beside the engine")
     faults = p.add_argument_group("faults")
     faults.add_argument("--seed", type=int, default=1)
@@ -129,6 +145,7 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
     transports = ("engine",) if mode == "engine" else args.transports
     workload = WorkloadConfig(
         transports=transports,
+        max_tokens=args.max_tokens,
         cancel_share=args.cancel,
         invalid_share=args.hostile / 2,
         fuzz_share=0.0 if mode == "engine" else args.hostile / 2,

@@ -9,7 +9,13 @@ signals the actor's pid:
 * prefill: a request is waiting for its first token;
 * decode: tokens are flowing; stream: a request has had two deltas or more;
 * restart: an actor is down (the previous fault's): the target is killed
-  then, or, when it is the one restarting, as soon as its successor runs.
+  then, or, when it is the one restarting, as soon as its successor runs;
+* backlog: tokens are flowing; the actor that reads the target's output
+  (``DOWNSTREAM``) is stopped for the fault's ``stop_s`` (drawn; else
+  ``BACKLOG_S``), the target is signalled
+  with its frames unread there, then the reader continues. A scheduler
+  killed this way leaves tokens its successor will compute again (in
+  bfloat16, maybe differently): the splice checker's case.
 
 SIGSTOP stops the actor for ``stop_s`` then SIGCONT, or leaves it to the
 watchdog; every pid stopped is continued when the injector ends, dead or not.
@@ -26,11 +32,13 @@ import trio
 from rt.chaos.ledger import Ledger
 from rt.chaos.load import LiveState, Load
 from rt.chaos.monitor import Monitor
-from rt.chaos.schedule import Fault
+from rt.chaos.schedule import Fault, role
 
 SIGNALS = {"sigkill": signal.SIGKILL, "sigsegv": signal.SIGSEGV, "sigstop": signal.SIGSTOP}
 PHASE_WAIT_S = 15.0
 PID_WAIT_S = 60.0
+BACKLOG_S = 0.3
+DOWNSTREAM = {"scheduler": "detokenizer", "tokenizer": "scheduler"}
 
 CONDITIONS = {
     "prefill": lambda live: any(r.tokens == 0 for r in live.requests.values()),
@@ -69,6 +77,9 @@ class Injector:
         if fault.phase == "restart":
             await self._at_restart(fault)
             return
+        if fault.phase == "backlog":
+            await self._with_backlog(fault)
+            return
         condition = CONDITIONS.get(fault.phase)
         if condition is not None:
             with trio.move_on_after(PHASE_WAIT_S):
@@ -83,6 +94,26 @@ class Injector:
             await self.monitor.wait_for(down)
         await self.fire(fault, "restart" if down(self.monitor) else self.live.phase())
 
+    async def _with_backlog(self, fault: Fault) -> None:
+        with trio.move_on_after(PHASE_WAIT_S):
+            await self.live.wait_for(CONDITIONS["decode"])
+        reader = DOWNSTREAM.get(role(fault.actor))
+        target = await self.pid(fault.actor)  # first: the reader must not wait stopped
+        pid = await self.pid(reader) if reader is not None and target is not None else None
+        if pid is None:  # nobody reads its output through a ring (the detokenizer)
+            await self.fire(fault, self.live.phase())
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        self.ledger.write("note", what=f"fault #{fault.id}: {reader} ({pid}) stopped: a backlog")
+        try:
+            backlog = fault.stop_s if fault.kind != "sigstop" and fault.stop_s else BACKLOG_S
+            await trio.sleep(backlog)
+            await self.fire(fault, "backlog", target)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     async def pid(self, actor: str) -> int | None:
         """The actor's pid once it is running (its successor's, if it is restarting)."""
         with trio.move_on_after(PID_WAIT_S):
@@ -96,8 +127,8 @@ class Injector:
         info = self.monitor.actors.get(actor)
         return info.pid if info is not None and info.state == "running" else None
 
-    async def fire(self, fault: Fault, observed: str) -> None:
-        pid = await self.pid(fault.actor)
+    async def fire(self, fault: Fault, observed: str, pid: int | None = None) -> None:
+        pid = pid or await self.pid(fault.actor)
         if pid is None:
             self.ledger.write("note", what=f"fault #{fault.id}: {fault.actor} never ran; not fired")
             return

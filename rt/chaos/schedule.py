@@ -14,7 +14,11 @@ reaches its actor one of two ways:
   incarnation and the crashes come one after another.
 * ``via="signal"``: the harness signals the actor's pid from outside
   (SIGKILL, SIGSEGV, SIGSTOP then SIGCONT or the watchdog) once the load is
-  in the fault's ``phase``.
+  in the fault's ``phase``. Phase ``backlog`` makes one first: the actor
+  that reads the target's output is stopped for a moment while tokens flow,
+  so the target dies with frames it sent still unread (the scheduler's
+  tokens on their way to a stopped detokenizer, a tokenizer's requests on
+  their way to a stopped scheduler).
 
 A poison fault (``match`` set) crashes its tokenizer whenever a request
 whose text carries the marker is tokenized, or the scheduler whenever a
@@ -35,8 +39,8 @@ PLAN_KINDS = (*CRASHES, "hang", "delay", "drop", "duplicate", "corrupt")
 SIGNAL_KINDS = ("sigkill", "sigsegv", "sigstop")
 KINDS = (*PLAN_KINDS, "sigstop")
 MAIN_KINDS = ("sigkill", "sigsegv", "exit", "raise", "hang", "sigstop", "delay", "oom")
-PHASES = ("startup", "idle", "prefill", "decode", "stream", "restart", "shutdown")
-SIGNAL_PHASES = ("idle", "prefill", "decode", "stream", "restart", "shutdown")
+PHASES = ("startup", "idle", "prefill", "decode", "stream", "backlog", "restart", "shutdown")
+SIGNAL_PHASES = ("idle", "prefill", "decode", "stream", "backlog", "restart", "shutdown")
 
 # The points each actor passes (rt/pipeline), and where each fault kind makes sense.
 POINTS = {
@@ -123,6 +127,8 @@ class Fault:
                     if self.stop_s
                     else ", until the watchdog"
                 )
+            elif self.phase == "backlog" and self.stop_s:
+                tail = f", its reader stopped {self.stop_s:.3f} s before"
             return f"#{self.id} {self.kind} {self.actor} by signal, phase {self.phase}{tail}"
         what = self.kind + (f" {self.delay_ms:.0f} ms" if self.kind == "delay" else "")
         what += f" (p={self.probability:g})" if self.probability < 1.0 else ""

@@ -88,3 +88,42 @@ async def test_a_small_campaign_over_http_passes(tmp_path: Path) -> None:
     transports = {e["spec"]["transport"] for e in outcome.ledger.of_kind("invoke")}
     assert transports == {"sse", "ws"}, report
     assert [e["code"] for e in outcome.ledger.of_kind("server")] == [0], report
+
+
+@pytest.mark.slow
+async def test_kills_behind_a_stopped_reader_lose_nothing(tmp_path: Path) -> None:
+    """Phase ``backlog``: the scheduler's reader (the detokenizer) or a tokenizer's
+    (the scheduler) is stopped while tokens flow, and the writer is killed with its
+    frames unread there; the dead scheduler's tokens then arrive after its successor
+    took over (the case of the epochs). Every checker passes, outputs byte for byte."""
+    config = CampaignConfig(
+        run=RunConfig(
+            seed=3,
+            mode="engine",
+            requests=16,
+            concurrency=4,
+            timeout=240.0,
+            workload=WorkloadConfig(cancel_share=0.0, max_tokens=(40, 80)),
+            engine=ENGINE,
+            log_dir=str(tmp_path),
+        ),
+        schedule=ScheduleConfig(
+            actors=("scheduler", "tokenizer0"),
+            kinds=("sigkill",),
+            phases=("backlog",),
+            faults=6,
+            frames=100,
+            watchdog_s=3.0,
+            signal_share=1.0,
+        ),
+        shrink_budget=0,
+    )
+    outcome = await campaign(config)
+    report = render(outcome)
+    assert not outcome.verdict.findings, report
+    fired = outcome.ledger.of_kind("fault")
+    behind = [e for e in fired if e["observed"] == "backlog"]
+    assert {e["actor"] for e in behind} == {"scheduler", "tokenizer0"}, report
+    stops = [e["what"] for e in outcome.ledger.of_kind("note") if "a backlog" in e["what"]]
+    assert len(stops) == len(behind), report
+    assert sum(e["state"] == "completed" for e in outcome.ledger.of_kind("end")) >= 16, report

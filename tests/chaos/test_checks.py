@@ -79,9 +79,13 @@ def test_outcomes_innocents_complete_hostiles_are_refused() -> None:
         + request(6, [1], state="cancelled")
         + request(7, [], state="failed-retryable", error="EngineShutdownError", at_shutdown=True)
         + request(8, [], state="failed-retryable", error="ServiceUnavailableError")
+        # over the context (a long prompt, a long --max-tokens): a right refusal, unless a 5xx
+        + request(9, [], state="failed-final", error="ContextOverflowError: too long")
+        + request(10, [], state="failed-final", status=400, error="ContextOverflowError: x")
+        + request(11, [], state="failed-final", status=500, error="ContextOverflowError: x")
     )
     found = {f.req for f in checks.outcomes(Ledger.of(events), {"P"})}
-    assert found == {0, 2, 3, 6, 8}
+    assert found == {0, 2, 3, 6, 8, 11}
 
 
 def test_streams_catch_duplicated_missing_and_undecodable_text() -> None:
@@ -189,6 +193,11 @@ def test_an_innocent_refused_after_enough_planned_crashes_is_no_finding() -> Non
     assert checks.outcomes(Ledger.of(events + three), set()) == []
     elsewhere = [*two, crash | {"t": 1.8, "actor": "detokenizer"}]
     assert len(checks.outcomes(Ledger.of(events + elsewhere), set())) == 1
+    # fired just before the request was sent, seen by rt after: it counts; long before: not
+    just_before = [*two, crash | {"t": 0.9}]
+    assert checks.outcomes(Ledger.of(events + just_before), set()) == []
+    long_before = [*two, crash | {"t": -0.5}]
+    assert len(checks.outcomes(Ledger.of(events + long_before), set())) == 1
 
 
 def test_an_innocent_refused_for_a_poison_request_s_crashes_is_a_finding() -> None:

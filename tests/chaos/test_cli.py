@@ -44,6 +44,16 @@ def test_bfloat16_runs_one_at_a_time_without_the_prefix_cache() -> None:
     assert config("--dtype", "bfloat16", "--concurrency", "4").run.concurrency == 4
 
 
+def test_output_lengths_and_the_backlog_phase() -> None:
+    assert config().run.workload.max_tokens == (8, 40)
+    assert config("--max-tokens", "150,250").run.workload.max_tokens == (150, 250)
+    assert config("--max-tokens", "64").run.workload.max_tokens == (64, 64)
+    for bad in ("0,5", "9,3", "1,2,3", "many"):
+        with pytest.raises(SystemExit):
+            config("--max-tokens", bad)
+    assert config("--phases", "backlog").schedule.phases == ("backlog",)
+
+
 def test_replay_and_fault_subsets() -> None:
     c = config("--replay", "7", "--faults", "3,9", "--ring-capacity", "4096", "--hogs", "2")
     assert c.run.seed == 7 and c.only == (3, 9)

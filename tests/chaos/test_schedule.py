@@ -164,3 +164,14 @@ def test_a_subset_pins_the_kept_crashes_to_successive_incarnations_again() -> No
         (5, "send", 2, 2),
     ]
     assert sub.subset([5]).faults[0].incarnation == 1
+
+
+def test_a_backlog_fault_draws_how_long_its_reader_stays_stopped() -> None:
+    config = ScheduleConfig(kinds=("sigkill", "sigstop"), phases=("backlog",), faults=20,
+                            signal_share=1.0)  # fmt: skip
+    faults = draw_schedule(4, config).faults
+    assert {f.phase for f in faults} == {"backlog"} and {f.via for f in faults} == {"signal"}
+    kills = [f for f in faults if f.kind == "sigkill"]
+    assert kills and all(f.stop_s is not None and 0.02 <= f.stop_s <= 0.3 for f in kills)
+    assert all(f.crash for f in kills)
+    assert "its reader stopped" in kills[0].describe()
