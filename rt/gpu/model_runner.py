@@ -28,7 +28,15 @@ class ScheduledReq:
 
 
 class NullModel:
-    """No forward pass: logits that pick a fixed token per position (never a stop id)."""
+    """No forward pass: logits that pick a fixed token per position (never a stop id).
+
+    The chosen token's logit is so far above the rest that sampling picks it too at
+    any ordinary temperature (up to 5, all of a 32k vocabulary else has a chance under
+    1e-4): with a logit of 1 against a flat vocabulary, a temperature-1 draw picked an
+    end-of-sequence token now and then, and a request ended early.
+    """
+
+    PEAK = 100.0
 
     def __init__(self, vocab_size: int, avoid_ids: Sequence[int]) -> None:
         self.vocab_size = vocab_size
@@ -44,7 +52,7 @@ class NullModel:
         positions = batch.positions[batch.sample_indices].tolist()
         logits = torch.zeros(len(positions), self.vocab_size, device=batch.input_ids.device)
         ids = torch.tensor([self.token_at(p + 1) for p in positions], device=logits.device)
-        return logits.scatter_(1, ids[:, None], 1.0)
+        return logits.scatter_(1, ids[:, None], self.PEAK)
 
 
 class ModelRunner:
