@@ -155,14 +155,17 @@ class Engine:
         ``options`` are sampling parameters, ``stop``, ``n``, ``logprobs``, ….
         Cancelling the awaiting task aborts the request."""
         req, user_rid = self._build(prompt, options)
-        updates = await self._submit(req, user_rid)
-        try:
-            async for item in updates:
-                if isinstance(item, Refused):
-                    raise refusal_error(item)
-            return finished_output(self.table.records[req.rid])
-        finally:
-            self._leave(req.rid)
+        # Held until the caller has its answer: a finished record is no longer live,
+        # and a drain that saw none live would cancel this task before it returned.
+        with self.hold():
+            updates = await self._submit(req, user_rid)
+            try:
+                async for item in updates:
+                    if isinstance(item, Refused):
+                        raise refusal_error(item)
+                return finished_output(self.table.records[req.rid])
+            finally:
+                self._leave(req.rid)
 
     def stream(self, prompt: Any = None, **options: Any) -> Stream:
         """``async for chunk in engine.stream(...)``: the text and ids of each sequence
