@@ -56,6 +56,16 @@ class EngineOptions(BaseModel):
     # host whose cores other processes share, 1 avoids OpenMP threads waiting on each other
     # (docs/benchmarks.md: several times faster on a loaded 2-core machine)
     torch_threads: int | None = Field(None, ge=1)
+    overlap_schedule: bool | None = Field(
+        None,
+        description="launch a step before reading the last one's tokens; None: on CUDA only",
+    )
+    cuda_graph: bool | None = Field(
+        None,
+        description="replay CUDA graphs for decode; None: wherever they can run (CUDA, the "
+        "triton backend, not deterministic)",
+    )
+    cuda_graph_max_bs: int = Field(256, ge=1, description="the largest decode batch captured")
     # the tokenizer workers
     tokenizer_workers: int = Field(1, ge=1, le=64)
     tokenizer_batch_size: int = Field(64, ge=1)
@@ -137,4 +147,7 @@ class EngineOptions(BaseModel):
             context_length=self.context_length,
             seed=self.seed,
             torch_threads=self.torch_threads,
+            overlap_schedule=self.overlap_schedule,
+            cuda_graph=self.cuda_graph,
+            cuda_graph_max_bs=self.cuda_graph_max_bs,
         )

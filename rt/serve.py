@@ -109,6 +109,12 @@ ENGINE_FLAGS = (
         "torch (reference), triton (Triton kernels; interpreted on CPU), flashinfer (CUDA)",
         ("torch", "triton", "flashinfer"),
     ),
+    Flag(
+        "--cuda-graph-max-bs",
+        "cuda_graph_max_bs",
+        int,
+        "the largest decode batch a CUDA graph is captured for",
+    ),
     Flag("--random-seed", "seed", int, "the engine's seed (model init for dummy weights)"),
     Flag("--tokenizer-worker-num", "tokenizer_workers", int, "tokenizer processes"),
     Flag(
@@ -172,6 +178,22 @@ SWITCHES = {
         "deterministic",
         True,
         "batch-invariant kernels: outputs do not depend on the batch (implies the triton backend)",
+    ),
+    "--disable-overlap-schedule": (
+        "overlap_schedule",
+        False,
+        "read each step's tokens before launching the next (default on the CPU)",
+    ),
+    "--enable-overlap-schedule": (
+        "overlap_schedule",
+        True,
+        "launch each step before reading the last one's tokens (default on CUDA)",
+    ),
+    "--disable-cuda-graph": (
+        "cuda_graph",
+        False,
+        "run decode steps eagerly (by default they replay CUDA graphs where they can run: "
+        "CUDA, --attention-backend triton, not deterministic)",
     ),
 }
 
@@ -238,15 +260,23 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help=flag.help if default is None else f"{flag.help} (default: {default})",
         )
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for name, (option, value, text) in SWITCHES.items():
-        engine.add_argument(
+        # switches that set the same option exclude each other
+        shared = [n for n, (o, _, _) in SWITCHES.items() if o == option]
+        target: Any = engine
+        if len(shared) > 1:
+            if option not in groups:
+                groups[option] = engine.add_mutually_exclusive_group()
+            target = groups[option]
+        target.add_argument(
             name, dest=option, action="store_const", const=value, default=None, help=text
         )
     return parser
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    names = [f.option for f in ENGINE_FLAGS] + [option for option, _, _ in SWITCHES.values()]
+    names = [f.option for f in ENGINE_FLAGS] + list({o: None for o, _, _ in SWITCHES.values()})
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 

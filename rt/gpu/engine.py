@@ -24,10 +24,20 @@ from rt.gpu.engine_setup import EngineParts, build_parts
 from rt.gpu.forward_batch import ForwardBatch
 from rt.gpu.model_runner import ScheduledReq
 from rt.gpu.request import FinishReason, Req, ReqOutput, StepOutput
-from rt.gpu.sampler import SampleRow, child_seed, sample
+from rt.gpu.sampler import PendingSample, SampleRow, child_seed, sample_async
 from rt.gpu.sampling_params import SEED_MASK, SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """A step's draw, not read back yet: ``reqs[i]``'s token sits at
+    ``output_ids[offsets[i]]`` as ``-(i + 1)`` until :meth:`EngineCore._resolve`."""
+
+    sample: PendingSample
+    reqs: list[Req]
+    offsets: list[int]
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,9 @@ class EngineCore:
         self._seed_rng = random.Random(config.seed)
         self._new_token_ratio = config.new_token_ratio
         self.num_retractions = 0
+        # overlap scheduling: the last step's draw, read once the next step is launched
+        self.overlap = config.use_overlap
+        self._pending: _Pending | None = None
 
     # ---- requests in -------------------------------------------------------------
 
@@ -166,8 +179,19 @@ class EngineCore:
     @property
     def has_work(self) -> bool:
         return bool(
-            self.waiting or self.running or self.chunked or self._incoming or self._commands
+            self.waiting
+            or self.running
+            or self.chunked
+            or self._incoming
+            or self._commands
+            or self._pending
         )
+
+    @property
+    def has_pending(self) -> bool:
+        """A step's tokens are drawn but not reported yet (overlap scheduling): the
+        next ``step()`` or ``apply_commands()`` reports them."""
+        return self._pending is not None
 
     @property
     def next_step_prefills(self) -> bool:
@@ -184,10 +208,12 @@ class EngineCore:
 
     def apply_commands(self) -> StepOutput:
         """Apply pending aborts and finishes alone, with no forward pass (while
-        generation is paused). Call between steps."""
+        generation is paused), after reporting the tokens of the last step. Call
+        between steps."""
         out = StepOutput()
         while self._incoming:
             self.waiting.append(self._incoming.popleft())
+        self._resolve(out)
         self._apply_commands(out)
         return out
 
@@ -219,10 +245,15 @@ class EngineCore:
                 )
             out.forward_mode = "decode"
             self._run(items, out)
+        else:
+            self._resolve(out)
         return out
 
     def _run(self, items: list[ScheduledReq], out: StepOutput) -> None:
-        batch = self.runner.build_batch(items, self.cache.table.slots.device)
+        """Launch the forward pass of ``items`` and their draw; with overlap, report
+        the previous step's tokens meanwhile and this step's at the next."""
+        pending = self._pending.sample.tokens if self._pending is not None else None
+        batch = self.runner.build_batch(items, self.cache.table.slots.device, pending)
         logits = self.runner.forward(batch)
         if batch.sampled_rows is not None:
             self._prompt_logprobs(items, batch, logits)
@@ -240,24 +271,44 @@ class EngineCore:
                 req.decoding = True
                 self.cache.cache_prefix(req)
                 self.running.append(req)
-        if not to_sample:
+        # the device runs this step while the last one's tokens are read and reported
+        # (penalties below need them); a request they finish decoded once for nothing
+        self._resolve(out)
+        if to_sample:
+            rows = [self._sample_row(r) for r in to_sample]
+            drawn = sample_async(logits, rows, self.runner.ops.sampling_kernel)
+            self._pending = _Pending(drawn, to_sample, [len(r.output_ids) for r in to_sample])
+            for i, req in enumerate(to_sample):
+                if req.finish_reason is not None:  # ended as the last step was read
+                    continue
+                req.output_ids.append(-(i + 1))
+                if self._must_end(req, req.num_new) and req in self.running:
+                    # done whatever was drawn: not decoded again (its KV stays till read)
+                    self.running.remove(req)
+        if not self.overlap:
+            self._resolve(out)
+
+    def _resolve(self, out: StepOutput) -> None:
+        """Read the last step's tokens back, put them in place and report them."""
+        pending, self._pending = self._pending, None
+        if pending is None:
             return
-        result = sample(
-            logits, [self._sample_row(r) for r in to_sample], self.runner.ops.sampling_kernel
-        )
-        for i, req in enumerate(to_sample):
-            tok = result.token_ids[i]
+        result = pending.sample.result()
+        for i, req in enumerate(pending.reqs):
+            if req.finish_reason is not None:  # ended meanwhile: its token is dropped
+                continue
+            at, tok = pending.offsets[i], result.token_ids[i]
+            req.output_ids[at] = tok
             o = ReqOutput(
                 req.rid,
                 req.index,
                 [tok],
-                token_offset=len(req.output_ids),
+                token_offset=at,
                 seed=req.seed,
                 cached_tokens=req.cached_tokens or 0,
                 admitted_at=req.admitted_at,
                 attempt=req.attempt,
             )
-            req.output_ids.append(tok)
             if result.logprobs is not None and (req.params.logprobs or req.params.top_logprobs):
                 o.logprobs = [result.logprobs[i]]
                 if (
@@ -273,8 +324,9 @@ class EngineCore:
                 o.prompt_logprobs = req.prompt_logprobs
                 if req.params.top_logprobs:
                     o.prompt_top_logprobs = req.prompt_top_logprobs
-            reason = self._finish_reason(req, tok)
+            reason = self._finish_reason(req, tok, at + 1)
             if reason is not None:
+                del req.output_ids[at + 1 :]  # a token of the step after, never to be read
                 self._finish(req, reason, o)
             out.outputs.append(o)
 
@@ -308,13 +360,21 @@ class EngineCore:
             req.params, req.seed, req.seq_len, req.input_ids, req.output_ids, sorted(suppress)
         )
 
-    def _finish_reason(self, req: Req, tok: int) -> FinishReason | None:
-        if tok in self._stop_ids(req) and req.num_new > req.params.min_new_tokens - 1:
+    def _finish_reason(self, req: Req, tok: int, num_new: int) -> FinishReason | None:
+        """Why ``req`` ends with ``tok``, its ``num_new``-th new token (None: it goes on)."""
+        if tok in self._stop_ids(req) and num_new > req.params.min_new_tokens - 1:
             req.matched_stop = tok
             return "stop"
-        if req.num_new >= req.params.max_new_tokens or req.seq_len >= self.context_length:
+        if self._must_end(req, num_new):
             return "length"
         return None
+
+    def _must_end(self, req: Req, num_new: int) -> bool:
+        """Whether ``req`` ends at its ``num_new``-th new token, whichever token it is."""
+        return (
+            num_new >= req.params.max_new_tokens
+            or len(req.input_ids) + num_new >= self.context_length
+        )
 
     def _finish(self, req: Req, reason: FinishReason, o: ReqOutput) -> None:
         """Free ``req``'s KV (its prefix stays cached) and fill in the final output fields."""
@@ -336,6 +396,8 @@ class EngineCore:
             self.reqs.pop(req.rid, None)
 
     def _apply_commands(self, out: StepOutput) -> None:
+        if self._commands:
+            self._resolve(out)  # so that a request ends with every token it has
         while self._commands:
             command, rid = self._commands.popleft()
             reason: FinishReason = "abort" if command == "abort" else "finish"
@@ -365,6 +427,12 @@ class EngineCore:
         live = [r for r in self.running]
         if self.chunked is not None:
             live.append(self.chunked)
+        if self._pending is not None:  # ended by length but not read back: KV still held
+            live += [
+                r
+                for r in self._pending.reqs
+                if r.row >= 0 and r.finish_reason is None and r not in live
+            ]
         for req in self.waiting:
             assert req.row == -1 and req.last_node is None, "a waiting request holds KV"
         self.cache.check_integrity(live)

@@ -50,6 +50,13 @@ class EngineConfig:
     seed: int = 0
     # torch's intra-op threads in the process that runs the core (None: torch's default)
     torch_threads: int | None = None
+    # launch step N + 1 before reading step N's tokens. None: on CUDA only (on the CPU
+    # every op is synchronous: nothing would overlap)
+    overlap_schedule: bool | None = None
+    # replay captured CUDA graphs for decode batches of up to cuda_graph_max_bs requests.
+    # None: wherever they can run (CUDA, the triton backend, not deterministic)
+    cuda_graph: bool | None = None
+    cuda_graph_max_bs: int = 256
 
     @property
     def kv_mem_fraction(self) -> float:
@@ -64,7 +71,43 @@ class EngineConfig:
             return self.attention_backend
         return "triton" if self.deterministic else "torch"
 
+    @property
+    def use_overlap(self) -> bool:
+        if self.overlap_schedule is not None:
+            return self.overlap_schedule
+        return self.device.startswith("cuda")
+
+    @property
+    def why_no_cuda_graph(self) -> str | None:
+        """Why decode cannot replay CUDA graphs here (None: it can)."""
+        if not self.device.startswith("cuda"):
+            return f"they need a CUDA device, not {self.device!r}"
+        if self.load_format == "null":
+            return "the null model runs no forward pass"
+        if self.backend != "triton":
+            return f"they need attention_backend='triton', not {self.backend!r}"
+        if self.deterministic:
+            return "deterministic mode runs every step through the extend kernel"
+        return None
+
+    @property
+    def use_cuda_graph(self) -> bool:
+        return self.cuda_graph is not False and self.why_no_cuda_graph is None
+
+    @property
+    def graph_max_bs(self) -> int:
+        """The largest decode batch a graph is captured for."""
+        return min(self.cuda_graph_max_bs, self.max_running_requests)
+
     def __post_init__(self) -> None:
+        if self.cuda_graph and self.why_no_cuda_graph is not None:
+            raise ConfigError(
+                f"cuda_graph=True: CUDA graphs cannot run here: {self.why_no_cuda_graph}"
+            )
+        if self.cuda_graph_max_bs < 1:
+            raise ConfigError(
+                f"cuda_graph_max_bs: expected an integer >= 1, got {self.cuda_graph_max_bs}"
+            )
         if self.deterministic and self.backend != "triton":
             raise ConfigError(
                 f"deterministic inference needs attention_backend='triton' (its kernels have "

@@ -71,8 +71,14 @@ class ModelRunner:
         self.ops = ops or TorchOps()
 
     def build_batch(
-        self, items: Sequence[ScheduledReq], req_rows_device: torch.device
+        self,
+        items: Sequence[ScheduledReq],
+        req_rows_device: torch.device,
+        pending_tokens: torch.Tensor | None = None,
     ) -> ForwardBatch:
+        """The forward pass of ``items``. A token not read back yet (overlap scheduling)
+        is ``-(i + 1)`` in its request's outputs: it is taken from ``pending_tokens[i]``,
+        on the device, where the previous step drew it."""
         input_ids: list[int] = []
         positions: list[int] = []
         sample_indices: list[int] = []
@@ -98,8 +104,11 @@ class ModelRunner:
                 sampled_rows.append(len(sample_indices))
                 sample_indices.append(total - 1)
         dev = self.device
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        if pending_tokens is not None and min(input_ids) < 0:
+            ids = torch.where(ids < 0, pending_tokens[(-ids - 1).clamp(min=0)], ids)
         return ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            input_ids=ids,
             positions=torch.tensor(positions, dtype=torch.int64, device=dev),
             out_cache_loc=torch.cat([i.out_cache_loc for i in items]).to(dev),
             req_rows=torch.tensor(

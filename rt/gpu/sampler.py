@@ -72,6 +72,56 @@ def sample(
     With ``use_kernel`` temperature, the filters and the seeded draw run in one
     Triton kernel (kernels/sampling.py), which draws the same tokens.
     """
+    return sample_async(logits, rows, use_kernel).result()
+
+
+class PendingSample:
+    """Tokens drawn on the device whose copy to the host may still be running.
+
+    ``tokens`` (on the device) can feed the next forward pass at once; ``result()``
+    waits for the copy alone, not for work queued after it (overlap scheduling).
+    """
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor | None,
+        top: tuple[torch.Tensor, torch.Tensor] | None,
+        top_counts: list[int],
+    ) -> None:
+        self.tokens = tokens
+        self._top_counts = top_counts
+        non_blocking = tokens.device.type == "cuda"
+        host = [tokens, logprobs, *(top or ())]
+        self._host = [
+            t.to("cpu", non_blocking=non_blocking) if t is not None else None for t in host
+        ]
+        self._ready: torch.cuda.Event | None = None
+        if non_blocking:
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def result(self) -> SampleResult:
+        if self._ready is not None:
+            self._ready.synchronize()
+        tokens, logprobs, *top = self._host
+        assert tokens is not None
+        result = SampleResult(tokens.tolist(), None, None, None)
+        if logprobs is not None:
+            result.logprobs = logprobs.tolist()
+        if top:
+            ids, values = top
+            assert ids is not None and values is not None
+            counts = self._top_counts
+            result.top_ids = [row[:k] for row, k in zip(ids.tolist(), counts, strict=True)]
+            result.top_logprobs = [row[:k] for row, k in zip(values.tolist(), counts, strict=True)]
+        return result
+
+
+def sample_async(
+    logits: torch.Tensor, rows: Sequence[SampleRow], use_kernel: bool = False
+) -> PendingSample:
+    """:func:`sample`, queued on the logits' device: nothing waits for the draw."""
     device, (bs, vocab) = logits.device, logits.shape
     logits = logits.float()
     params = [r.params for r in rows]
@@ -118,19 +168,14 @@ def sample(
         sampled = (scaled - torch.log(-torch.log(u))).argmax(dim=-1)
         tokens = torch.where(greedy, tokens, sampled)
 
-    result = SampleResult(tokens.tolist(), None, None, None)
+    logprobs = top = None
     if raw_logprobs is not None:
-        result.logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0].tolist()
+        logprobs = raw_logprobs.gather(1, tokens[:, None])[:, 0]
         k = max(p.top_logprobs for p in params)
         if k:
-            top = raw_logprobs.topk(k, dim=-1)
-            result.top_ids = [
-                ids[: p.top_logprobs] for ids, p in zip(top.indices.tolist(), params, strict=True)
-            ]
-            result.top_logprobs = [
-                lp[: p.top_logprobs] for lp, p in zip(top.values.tolist(), params, strict=True)
-            ]
-    return result
+            values, ids = raw_logprobs.topk(k, dim=-1)
+            top = (ids, values)
+    return PendingSample(tokens, logprobs, top, [p.top_logprobs for p in params])
 
 
 def _dense_bias(

@@ -251,8 +251,9 @@ class SchedulerActor(Actor):
     async def _paused(self, ctx: ActorContext) -> None:
         """Generation is paused: no forward pass runs, but aborts and finishes
         still end their requests (and free their KV), and refusals still go out."""
-        if self.engine.has_commands or self.refused:
-            out = self.engine.apply_commands()  # cheap: frees KV, runs no model
+        if self.engine.has_commands or self.engine.has_pending or self.refused:
+            # cheap: reports the last step's tokens, frees KV, runs no model
+            out = self.engine.apply_commands()
             await send(ctx.outbox[OUT], self._frame(out, self._stats()))
             return
         with trio.move_on_after(IDLE_CHECK_S):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -70,8 +71,31 @@ def test_backend_and_deterministic_flags_reach_the_engine_config() -> None:
         build_parser().parse_args(["--attention-backend", "cudnn"])
 
 
+def test_overlap_and_cuda_graph_flags_reach_the_engine_config() -> None:
+    from rt.serve import engine_options
+
+    def config(*argv: str) -> Any:
+        args = build_parser().parse_args(list(argv))
+        return EngineOptions.build(**engine_options(args)).engine_config()
+
+    assert (config().use_overlap, config().overlap_schedule) == (False, None)  # the CPU
+    assert config("--enable-overlap-schedule").use_overlap
+    assert config("--device", "cuda", "--disable-overlap-schedule").use_overlap is False
+    assert config("--disable-cuda-graph").cuda_graph is False
+    assert config("--cuda-graph-max-bs", "48", "--max-running-requests", "32").graph_max_bs == 32
+    with pytest.raises(SystemExit):  # the two overlap switches exclude each other
+        build_parser().parse_args(["--enable-overlap-schedule", "--disable-overlap-schedule"])
+
+
 @pytest.mark.parametrize(
-    "argv", [["--page-size", "0"], ["--dtype", "int3"], ["--max-body-size", "0"], ["--bogus"]]
+    "argv",
+    [
+        ["--page-size", "0"],
+        ["--dtype", "int3"],
+        ["--max-body-size", "0"],
+        ["--bogus"],
+        ["--cuda-graph-max-bs", "0"],
+    ],
 )
 def test_a_bad_flag_exits_2_with_a_message(
     argv: list[str], capsys: pytest.CaptureFixture[str]

@@ -227,6 +227,33 @@ async def test_kill_9_mid_stream_every_request_completes_unchanged(
 
 
 @pytest.mark.slow
+async def test_overlap_scheduling_through_the_pipeline_and_a_scheduler_kill(tiny_model) -> None:
+    """With overlap scheduling (on by default on CUDA, forced here) the scheduler reports
+    each step's tokens one step late; outputs equal the core's without it, and a
+    SIGKILL of the scheduler mid-decode loses only tokens never reported, drawn again
+    the same (seeded sampling is a function of seed and position)."""
+    reqs = [(p, {**kw, "max_new_tokens": 40}) for p, kw in requests(6, False) + requests(6, True)]
+    want = core_outputs(tiny_model, reqs)
+    async with rt.open_engine(str(tiny_model), overlap_schedule=True, **OPTIONS) as engine:
+        outs = await generate_all(engine, reqs)
+        assert [list(o.output_ids) for o in outs] == want
+        want_text = [o.text for o in outs]
+        chunks, killed = 0, False
+
+        def kill_once() -> None:
+            nonlocal chunks, killed
+            chunks += 1
+            if chunks == 60 and not killed:
+                killed = True
+                os.kill(pid_of(engine, "scheduler"), signal.SIGKILL)
+
+        got = await streams(engine, reqs, kill_once)
+        assert killed
+        assert {a.name: a.restart_count for a in engine.actors()}["scheduler"] == 1
+    assert got == want_text
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("victim", "point", "after"),
     [("tokenizer0", "tokenize", 5), ("scheduler", "step", 8), ("detokenizer", "receive", 6)],
