@@ -1,7 +1,7 @@
 """GPU throughput of rt's engine core per attention backend, vs transformers and the roofline.
 
     .venv/bin/python tools/gpu_bench.py [--device cuda] [--shapes 1b,8b] \
-        [--backends torch,triton,triton-deterministic,flashinfer] [--steps 64] [--skip-hf] [--skip-offline] \
+        [--backends torch,triton,triton-eager,triton-sync,flashinfer] [--steps 64] [--skip-hf] [--skip-offline] \
         [--threads N] [--max-total-tokens N | --mem-fraction 0.5] [--json PATH]
     .venv/bin/python tools/gpu_bench.py --smoke    # a tiny float32 model on CPU, in seconds
 
@@ -23,6 +23,10 @@ ignored, prompts of random token ids (no prefix-cache hits); sizes are
   ``AutoModelForCausalLM.from_config`` (random weights, sdpa attention, eager)
   on the same device: a hand-written greedy loop over ``model(...)`` with a
   ``StaticCache`` (not ``generate``), synchronised only around the timed loop.
+* backend variants: ``triton-eager`` without CUDA graphs, ``triton-sync``
+  without overlap scheduling, ``triton-deterministic`` with batch-invariant
+  kernels (suffixes combine: ``triton-eager-sync``). The gain of graphs and of
+  overlap is the ``triton`` row over these, in the same run.
 * ``roofline bN``: measured device copy bandwidth (bytes read + written by a
   1 GiB tensor copy, best of 10) over the bytes one decode step reads: every
   weight once (the embedding matrix only as the lm_head; the lookup's one row
@@ -37,8 +41,7 @@ import gc
 import json
 import random
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,9 @@ from rt.gpu import EngineConfig, EngineCore, ModelConfig, SamplingParams  # noqa
 from rt.gpu.attention import SLOTS_MAJOR_BACKENDS, create_attention_backend  # noqa: E402
 from rt.gpu.kv_pool import KVPool  # noqa: E402
 from rt.gpu.loader import resolve_dtype  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tools"))
+from roofline import Roofline, copy_bandwidth, timed, weight_bytes_read  # noqa: E402
 
 
 def _llama3_rope(factor: float, original_max_position_embeddings: int) -> dict[str, Any]:
@@ -157,52 +163,6 @@ class Row:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Roofline:
-    """Decode's memory-bandwidth bound: each step reads every weight and the batch's KV."""
-
-    bandwidth: float  # bytes/s, read + written by a device copy
-    weight_bytes: int  # read once per decode step
-    kv_bytes_per_token: int
-
-    def limit(self, batch: int, mean_context: float) -> float:
-        step_bytes = self.weight_bytes + batch * mean_context * self.kv_bytes_per_token
-        return batch * self.bandwidth / step_bytes
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(device: torch.device, fn: Callable[[], Any]) -> float:
-    """Seconds ``fn`` takes, the device drained before and after."""
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
-
-
-def copy_bandwidth(device: torch.device, mib: int, repeats: int = 10) -> float:
-    """Best bytes/s (read + written) of copying a ``mib`` MiB tensor on ``device``."""
-    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
-    src.fill_(1)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up
-    best = min(timed(device, lambda: dst.copy_(src)) for _ in range(repeats))
-    return 2 * src.numel() / best
-
-
-def weight_bytes_read(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Weight bytes one decode step reads: all parameters, the embedding matrix once
-    (as the lm_head; the lookup reads one row per token, left out)."""
-    params = cfg.num_params
-    if not cfg.tie_word_embeddings:
-        params -= cfg.vocab_size * cfg.hidden_size
-    return params * torch.empty(0, dtype=dtype).element_size()
-
-
 def decode_context(plan: Plan) -> float:
     """Mean tokens each request attends over in the timed decode steps."""
     return plan.prompt_len + plan.warmup + 1 + (plan.steps - 1) / 2
@@ -215,20 +175,33 @@ def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
 # ---- rt ------------------------------------------------------------------------------
 
 
-DETERMINISTIC = "-deterministic"  # "triton-deterministic": the backend in deterministic mode
+# a backend's name may end in variants, each turning an option of the engine off or on:
+# "triton-deterministic" (batch-invariant kernels), "triton-eager" (no CUDA graphs),
+# "triton-sync" (no overlap scheduling), or several: "triton-eager-sync"
+VARIANTS: dict[str, dict[str, bool]] = {
+    "-deterministic": {"deterministic": True},
+    "-eager": {"cuda_graph": False},
+    "-sync": {"overlap_schedule": False},
+}
 
 
-def _split_backend(name: str) -> tuple[str, bool]:
-    if name.endswith(DETERMINISTIC):
-        return name[: -len(DETERMINISTIC)], True
-    return name, False
+def _split_backend(name: str) -> tuple[str, dict[str, bool]]:
+    """("triton-eager-sync") → ("triton", {"cuda_graph": False, "overlap_schedule": False})."""
+    options: dict[str, bool] = {}
+    while True:
+        suffix = next((v for v in VARIANTS if name.endswith(v)), None)
+        if suffix is None:
+            return name, options
+        name = name[: -len(suffix)]
+        options.update(VARIANTS[suffix])
 
 
 def probe_backend(name: str, cfg: ModelConfig, plan: Plan) -> None:
     """Build ``name`` over a two-slot pool, so an unavailable backend fails before the
     model is loaded (the 8B dummy init takes a while). Raises ConfigError."""
     dtype, device = resolve_dtype(plan.dtype), torch.device(plan.device)
-    name, deterministic = _split_backend(name)
+    name, options = _split_backend(name)
+    deterministic = options.get("deterministic", False)
     slots_major = name in SLOTS_MAJOR_BACKENDS
     pool = KVPool(2, 1, 1, cfg.num_kv_heads, cfg.head_dim, dtype, device, slots_major)
     table = torch.zeros(2, 2, dtype=torch.int64, device=device)
@@ -236,7 +209,7 @@ def probe_backend(name: str, cfg: ModelConfig, plan: Plan) -> None:
 
 
 def build_engine(cfg: ModelConfig, backend: str, plan: Plan) -> EngineCore:
-    backend, deterministic = _split_backend(backend)
+    backend, options = _split_backend(backend)
     return EngineCore(
         EngineConfig(
             model_config=cfg,
@@ -244,7 +217,7 @@ def build_engine(cfg: ModelConfig, backend: str, plan: Plan) -> EngineCore:
             dtype=plan.dtype,
             device=plan.device,
             attention_backend=backend,
-            deterministic=deterministic,
+            **options,  # type: ignore[arg-type]
             max_total_tokens=plan.max_total_tokens,
             mem_fraction=plan.mem_fraction,
             max_running_requests=max(max(DECODE_BATCHES), *plan.offline_requests),
@@ -536,7 +509,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="default: bfloat16 (float32 with --smoke)",
     )  # fmt: skip
     parser.add_argument("--shapes", default="1b,8b", help="comma-separated: 1b, 8b")
-    parser.add_argument("--backends", default="torch,triton,triton-deterministic,flashinfer")
+    parser.add_argument(
+        "--backends",
+        default="torch,triton,triton-eager,triton-sync,triton-deterministic,flashinfer",
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed decode steps (64)")
     parser.add_argument("--max-total-tokens", type=int, default=None, help="rt's KV pool")
     parser.add_argument(

@@ -36,6 +36,16 @@ def test_the_roofline_divides_bandwidth_by_weights_and_the_batchs_kv() -> None:
     assert roof.limit(4, 25) == pytest.approx(4 * 1000 / (100 + 4 * 25 * 2))
 
 
+def test_backend_variants_turn_engine_options_off_or_on() -> None:
+    assert gb._split_backend("triton") == ("triton", {})
+    assert gb._split_backend("triton-eager") == ("triton", {"cuda_graph": False})
+    assert gb._split_backend("triton-eager-sync") == (
+        "triton",
+        {"cuda_graph": False, "overlap_schedule": False},
+    )
+    assert gb._split_backend("triton-deterministic") == ("triton", {"deterministic": True})
+
+
 def test_smoke_reports_every_workload_with_positive_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
