@@ -99,6 +99,23 @@ def build_parts(config: EngineConfig) -> EngineParts:
         )
     ops = create_ops(config.backend, config.deterministic)
     runner = ModelRunner(model, attn, device, ops)  # type: ignore[arg-type]
+    if config.use_cuda_graph:
+        from rt.gpu.cuda_graph import DecodeGraphs
+
+        start = time.monotonic()
+        runner.graphs = DecodeGraphs(
+            model,  # type: ignore[arg-type]
+            attn,  # type: ignore[arg-type]
+            ops,
+            max_bs=config.graph_max_bs,
+            device=device,
+        )
+        log.info(
+            "captured %d CUDA graphs of decode steps (batches up to %d) in %.1f s",
+            len(runner.graphs.sizes),
+            runner.graphs.max_bs,
+            time.monotonic() - start,
+        )
     prefill = PrefillPlanner(
         cache,
         config.schedule_policy,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from rt.gpu.forward_batch import ForwardBatch
 from rt.gpu.models.llama import LlamaForCausalLM
 from rt.gpu.models.ops import TorchOps
 from rt.gpu.request import Req
+
+if TYPE_CHECKING:
+    from rt.gpu.cuda_graph import DecodeGraphs
 
 
 @dataclass
@@ -69,6 +73,9 @@ class ModelRunner:
         self.attn = attn
         self.device = device
         self.ops = ops or TorchOps()
+        # captured decode passes (CUDA, triton): replayed for every decode batch they fit
+        self.graphs: DecodeGraphs | None = None
+        self.graph_replays = 0
 
     def build_batch(
         self,
@@ -127,5 +134,8 @@ class ModelRunner:
         """Logits [num_sampled, vocab] float32."""
         if isinstance(self.model, NullModel):
             return self.model(batch, self.attn)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            self.graph_replays += 1
+            return self.graphs.run(batch)
         assert self.attn is not None
         return self.model(batch, self.attn, self.ops)

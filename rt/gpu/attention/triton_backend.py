@@ -65,6 +65,30 @@ class TritonAttention:
         self._num_splits = -(-max(batch.seq_lens) // DECODE_SPLIT)
         self._max_extend = max(batch.extend_lens)
 
+    def prepare_static_decode(
+        self,
+        req_rows: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out_loc: torch.Tensor,
+        max_context: int,
+    ) -> None:
+        """A decode step whose metadata is already on the device: a CUDA graph's static
+        buffers (rt/gpu/cuda_graph.py), [bs] int64 each.
+
+        Nothing runs here, and the decode kernel's grid depends on the batch size
+        alone: its split count covers ``max_context`` keys, every request's length at
+        most, instead of this step's longest. The split size stays DECODE_SPLIT, so a
+        request's reduction order, and its output, are the eager step's: splits past
+        its length are empty, and the merge skips them. A row with seq_len 0 attends to
+        nothing (zeros) and its K/V go to ``out_loc``. The next :meth:`prepare` ends it.
+        """
+        assert not self.deterministic, "deterministic mode runs every step as an extend"
+        self._batch = None
+        self._decode_step = True
+        self._meta = {"req_rows": req_rows, "seq_lens": seq_lens, "out_loc": out_loc}
+        self._num_splits = -(-max_context // DECODE_SPLIT)
+        self._max_extend = 1
+
     def forward(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:

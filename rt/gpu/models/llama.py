@@ -130,14 +130,32 @@ class LlamaForCausalLM(nn.Module):
         self, batch: ForwardBatch, attn: AttentionBackend, ops: TorchOps | None = None
     ) -> torch.Tensor:
         """Logits [len(batch.sample_indices), vocab] in float32."""
-        ops = ops or TorchOps()
-        x = self.model.embed_tokens(batch.input_ids)
-        ops.begin(batch.positions, self.rotary.inv_freq, x.dtype)
         attn.prepare(batch)
+        return self.compute(batch.input_ids, batch.positions, batch.sample_indices, attn, ops)
+
+    @torch.inference_mode()
+    def compute(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        sample_indices: torch.Tensor | None,
+        attn: AttentionBackend,
+        ops: TorchOps | None = None,
+    ) -> torch.Tensor:
+        """The forward pass of a step ``attn`` is prepared for: logits [len(sample_indices),
+        vocab] in float32 (None: every token's).
+
+        Device work only, with shapes fixed by the tensors': a CUDA graph can capture it
+        (rt/gpu/cuda_graph.py).
+        """
+        ops = ops or TorchOps()
+        x = self.model.embed_tokens(input_ids)
+        ops.begin(positions, self.rotary.inv_freq, x.dtype)
         residual = None
         for layer in self.model.layers:
             x, residual = layer(x, residual, attn, ops)
         assert residual is not None
-        x = x[batch.sample_indices] + residual[batch.sample_indices]
-        x = ops.rms_norm(x, self.model.norm.weight, self.model.norm.eps)
+        if sample_indices is not None:
+            x, residual = x[sample_indices], residual[sample_indices]
+        x = ops.rms_norm(x + residual, self.model.norm.weight, self.model.norm.eps)
         return ops.linear(x, self.lm_head).float()
