@@ -15,7 +15,7 @@ import torch
 from gpu_testlib import drain, greedy, make_engine, prompts, run_all
 
 from rt.errors import ConfigError
-from rt.gpu import EngineConfig, EngineCore
+from rt.gpu import EngineConfig, EngineCore, SamplingParams
 from rt.gpu.attention import triton_backend
 from rt.gpu.attention.triton_backend import TritonAttention
 from rt.gpu.cuda_graph import GRAPH_MAX_CONTEXT, DecodeGraphs, batch_ladder
@@ -126,6 +126,30 @@ def test_graph_steps_equal_eager_with_plain_matmuls(
     graphs = _graphs(core)
     _add_staggered(core)
     assert _drain_comparing(core, graphs, monkeypatch, exact=False) == [5, 4, 3, 2, 1]
+
+
+def test_graphs_under_overlap_scheduling_give_the_plain_engines_outputs(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA both are on by default: a decode batch whose tokens are still on the
+    device (overlap) goes through the static buffers and a graph, seeded draws too.
+    Linears batch-invariant, so that padding cannot round a token differently."""
+    path = checkpoints["qwen3"]
+    ps = prompts(len(LENGTHS), LENGTHS, seed=2)
+    reqs = {
+        f"r{i}": (p, SamplingParams(max_new_tokens=i + 6, ignore_eos=True, temperature=0.7 * (i % 2), seed=i))
+        for i, p in enumerate(ps)
+    }  # fmt: skip
+    plain_core = _engine(path)
+    monkeypatch.setattr(plain_core.runner.ops, "deterministic", True)
+    plain = run_all(plain_core, reqs)
+    core = _engine(path, overlap_schedule=True)
+    monkeypatch.setattr(core.runner.ops, "deterministic", True)
+    core.runner.graphs = _graphs(core)  # the padded static pass, uncaptured (no CUDA)
+    got = run_all(core, reqs)
+    assert core.runner.graph_replays >= 5
+    assert {k: r["tokens"] for k, r in got.items()} == {k: r["tokens"] for k, r in plain.items()}
+    assert all(len(got[f"r{i}"]["tokens"]) == i + 6 for i in range(len(ps)))
 
 
 def test_static_decode_attention_of_a_padded_batch(monkeypatch: pytest.MonkeyPatch) -> None:
