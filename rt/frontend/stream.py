@@ -6,6 +6,7 @@ request (:meth:`Engine._leave`)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import trio
@@ -35,6 +36,10 @@ class Stream:
         self.meta: Meta | None = None
         self._prompt_logprobs_sent = False
         self._next: Update | Refused | None = None  # received while coalescing, not yet given
+        # the engine is held from submission until the stream is closed (its end read,
+        # left, or collected): a drain then waits for a reader still handling the
+        # last chunk, whose request is no longer live
+        self._hold = contextlib.ExitStack()
 
     def __aiter__(self) -> Stream:
         return self
@@ -44,6 +49,7 @@ class Stream:
             raise StopAsyncIteration
         try:
             if self._updates is None:
+                self._hold.enter_context(self._engine.hold())
                 self._updates = await self._engine._submit(self._req, self.rid)
             item = self._next
             self._next = None
@@ -125,6 +131,7 @@ class Stream:
             self._done = True
             if self._updates is not None:
                 self._engine._leave(self._req.rid)
+        self._hold.close()
 
     async def aclose(self) -> None:
         self.close()

@@ -113,14 +113,38 @@ trio.run(main)
 """
 
 
+STREAM_SCRIPT = r"""
+import trio, rt
+
+async def main():
+    async with rt.open_engine(load_format="null", drain_timeout=60.0) as engine:
+        async with trio.open_nursery() as nursery:
+            async def answer():
+                ids = []
+                async for chunk in engine.stream("busy", max_new_tokens=4, ignore_eos=True):
+                    ids += chunk.output_ids
+                    if chunk.finish_reason:  # the request is over: no longer live
+                        print("READY", flush=True)
+                        await trio.sleep(1.0)  # the reader still handles the last chunk
+                print("ANSWERED", len(ids), flush=True)
+            nursery.start_soon(answer)
+            await trio.sleep_forever()
+    print("STOPPED BY", engine.stopped_by, flush=True)
+
+trio.run(main)
+"""
+
+
 @pytest.mark.slow
-def test_a_drain_waits_for_answers_still_being_written() -> None:
+@pytest.mark.parametrize("script", [HOLD_SCRIPT, STREAM_SCRIPT], ids=["hold", "stream"])
+def test_a_drain_waits_for_answers_still_being_written(script: str) -> None:
     """The drain used to end once no request was live in the table, cancelling an
     SSE response that had its last tokens but had not yet written its final events
     and ``[DONE]`` (a truncated stream under load). A caller holding the engine
-    (``Engine.hold()``: every HTTP answer and WebSocket generation does) is waited for."""
+    (``Engine.hold()``: every HTTP answer and WebSocket generation does, and an
+    ``engine.stream()`` until it is closed) is waited for."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD_SCRIPT],
+        [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
