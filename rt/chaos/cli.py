@@ -34,6 +34,20 @@ def duration(text: str) -> float:
     return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
 
 
+def seconds_range(text: str) -> tuple[float, float]:
+    """``LO,HI`` (or one number): a range of seconds."""
+    parts = text.split(",")
+    try:
+        if len(parts) > 2:
+            raise ValueError
+        lo, hi = float(parts[0]), float(parts[-1])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI (seconds), got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"expected 0 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
 def token_range(text: str) -> tuple[int, int]:
     """``LO,HI`` (or one number): a range of output lengths."""
     parts = text.split(",")
@@ -97,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--replay", type=int, metavar="SEED", help="run seed SEED again, exactly")
     faults.add_argument("--faults", help="replay only these fault ids (3,9; 'none' for none)")
     faults.add_argument("--schedule", help="run this schedule (JSON, as --json prints it) instead")
+    faults.add_argument("--backlog-s", type=seconds_range, default=(0.02, 0.3), metavar="LO,HI",
+                        help="how long the reader is stopped before a backlog-phase fault, drawn "
+                        "in [LO, HI] seconds: the longer, the more tokens a killed scheduler's "
+                        "successor computes again (default 0.02,0.3)")  # fmt: skip
     faults.add_argument(
         "--fault-count", type=int, help="faults to draw (default: from the load's size)"
     )
@@ -170,6 +188,7 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
         # steps: a request's tokens, shared by the requests in flight
         frames=max(20, size * sum(workload.max_tokens) // 2 // concurrency),
         watchdog_s=args.watchdog_timeout,
+        backlog_s=args.backlog_s,
         sweep=args.sweep,
         sweep_actors=tuple(a for a in args.actors.split(",") if a),
     )

@@ -194,6 +194,7 @@ class ScheduleConfig:
     poison: int = 0
     frames: int = 200
     watchdog_s: float = 4.0
+    backlog_s: tuple[float, float] = (0.02, 0.3)  # a backlog fault's stop of the reader
     signal_share: float = 0.5  # of the kinds both ways can fire (sigkill, sigsegv)
     # a sweep: SIGKILL each actor in sweep_actors at each of the first ``sweep`` hits of
     # receive and of send, one incarnation after another (every frame boundary of a

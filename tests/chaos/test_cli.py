@@ -52,6 +52,19 @@ def test_output_lengths_and_the_backlog_phase() -> None:
         with pytest.raises(SystemExit):
             config("--max-tokens", bad)
     assert config("--phases", "backlog").schedule.phases == ("backlog",)
+    assert config().schedule.backlog_s == (0.02, 0.3)
+    for bad in ("1,0.5", "-1,2", "a,b"):
+        with pytest.raises(SystemExit):
+            config("--backlog-s", bad)
+    # the reader's stop before each backlog fault is drawn in the range asked for
+    from rt.chaos.draw import draw_schedule
+
+    c = config("--phases", "backlog", "--kinds", "sigkill", "--backlog-s", "0.5,1.5")
+    stops = [f.stop_s for f in draw_schedule(3, c.schedule).faults if f.phase == "backlog"]
+    assert stops and all(0.5 <= s <= 1.5 for s in stops)
+    default = config("--phases", "backlog", "--kinds", "sigkill")
+    stops = [f.stop_s for f in draw_schedule(3, default.schedule).faults if f.phase == "backlog"]
+    assert stops and all(0.02 <= s <= 0.3 for s in stops)
 
 
 def test_replay_and_fault_subsets() -> None:
