@@ -12,10 +12,12 @@ signals the actor's pid:
   then, or, when it is the one restarting, as soon as its successor runs;
 * backlog: tokens are flowing; the actor that reads the target's output
   (``DOWNSTREAM``) is stopped for the fault's ``stop_s`` (drawn; else
-  ``BACKLOG_S``), the target is signalled
-  with its frames unread there, then the reader continues. A scheduler
-  killed this way leaves tokens its successor will compute again (in
-  bfloat16, maybe differently): the splice checker's case.
+  ``BACKLOG_S``), the target is signalled with its frames unread there, and
+  the reader continues once the target's successor runs (plus
+  ``TAKEOVER_S``; at most ``hold_s`` after it stopped). A scheduler killed
+  this way leaves tokens its successor computes again (in bfloat16, maybe
+  differently) and that reach the frontend after the successor took over:
+  the splice checker's case.
 
 SIGSTOP stops the actor for ``stop_s`` then SIGCONT, or leaves it to the
 watchdog; every pid stopped is continued when the injector ends, dead or not.
@@ -38,6 +40,7 @@ SIGNALS = {"sigkill": signal.SIGKILL, "sigsegv": signal.SIGSEGV, "sigstop": sign
 PHASE_WAIT_S = 15.0
 PID_WAIT_S = 60.0
 BACKLOG_S = 0.3
+TAKEOVER_S = 0.2  # after a backlog's target is running again: its successor resumes
 DOWNSTREAM = {"scheduler": "detokenizer", "tokenizer": "scheduler"}
 
 CONDITIONS = {
@@ -48,8 +51,12 @@ CONDITIONS = {
 
 
 class Injector:
-    def __init__(self, load: Load, monitor: Monitor, ledger: Ledger) -> None:
+    """``hold_s``: the longest a backlog's reader stays stopped (under the watchdog's
+    timeout, or the reader would be killed as hung)."""
+
+    def __init__(self, load: Load, monitor: Monitor, ledger: Ledger, hold_s: float = 2.0) -> None:
         self.load, self.monitor, self.ledger = load, monitor, ledger
+        self.hold_s = hold_s
         self.stopped: list[int] = []
 
     @property
@@ -106,13 +113,32 @@ class Injector:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
         self.ledger.write("note", what=f"fault #{fault.id}: {reader} ({pid}) stopped: a backlog")
+        stopped_at = trio.current_time()
         try:
             backlog = fault.stop_s if fault.kind != "sigstop" and fault.stop_s else BACKLOG_S
             await trio.sleep(backlog)
             await self.fire(fault, "backlog", target)
+            if fault.crash:
+                # the reader must meet the dead run's frames only once a successor took
+                # over (resumed from what the frontend held): continued at once, it read
+                # them first, as the dead run's own, and nothing was computed again
+                with trio.move_on_at(stopped_at + self.hold_s):
+                    await self._successor(fault.actor, target)
+                    await trio.sleep(TAKEOVER_S)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+            self.ledger.write("note", what=f"fault #{fault.id}: {reader} ({pid}) continued")
+
+    async def _successor(self, actor: str, dead: int | None) -> None:
+        """Wait until ``actor`` runs again, in another process than ``dead``."""
+        await self.monitor.wait_for(
+            lambda m: (
+                actor in m.actors
+                and m.actors[actor].state == "running"
+                and m.actors[actor].pid not in (None, dead)
+            )
+        )
 
     async def pid(self, actor: str) -> int | None:
         """The actor's pid once it is running (its successor's, if it is restarting)."""

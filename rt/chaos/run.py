@@ -118,7 +118,9 @@ async def drive(
     load = Load(config.draw, one, config.concurrency, config.requests, config.duration)
     plan_faults = [f for f in schedule.faults if f.via == "plan"]
     monitor = Monitor(target, ledger, load.live, plan_faults, lines, target.poll_s)
-    injector = Injector(load, monitor, ledger)
+    # a backlog's reader stays stopped for at most 60% of the watchdog's timeout
+    watchdog = float(config.engine.get("watchdog_timeout", 30.0))
+    injector = Injector(load, monitor, ledger, hold_s=0.6 * watchdog)
     signals = [f for f in schedule.signals() if f.phase != "shutdown"]
     async with trio.open_nursery() as nursery:
         await nursery.start(monitor.run)
