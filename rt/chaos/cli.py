@@ -16,6 +16,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +33,21 @@ def duration(text: str) -> float:
     if match is None:
         raise argparse.ArgumentTypeError(f"expected a duration like 90s, 10m or 1h, got {text!r}")
     return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+
+
+def bounded(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse type: a number in [lo, hi]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected a number in [{lo:g}, {hi:g}], got {text}")
+        return value
+
+    return parse
 
 
 def seconds_range(text: str) -> tuple[float, float]:
@@ -106,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--max-tokens", type=token_range, default=(8, 40), metavar="LO,HI",
                       help="each request's max_new_tokens, drawn in [LO, HI] (default 8,40)")  # fmt: skip
     load.add_argument("--hogs", type=int, default=0, help="CPU hog processes beside the engine")
+    load.add_argument("--seeded", type=bounded(0.0, 1.0), default=0.5, metavar="SHARE",
+                      help="share of seeded (sampled) requests; the others are greedy (default 0.5)")  # fmt: skip
+    load.add_argument("--temperature", type=bounded(0.0, 10.0), default=0.8,
+                      help="the seeded requests' temperature (top_p 0.95; default 0.8): hotter "
+                      "sampling makes near-ties, where a re-prefill's other numbers change a "
+                      "token, likelier")  # fmt: skip
     faults = p.add_argument_group("faults")
     faults.add_argument("--seed", type=int, default=1)
     faults.add_argument("--replay", type=int, metavar="SEED", help="run seed SEED again, exactly")
@@ -164,6 +186,8 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
     workload = WorkloadConfig(
         transports=transports,
         max_tokens=args.max_tokens,
+        seeded_share=args.seeded,
+        seeded_temperature=args.temperature,
         cancel_share=args.cancel,
         invalid_share=args.hostile / 2,
         fuzz_share=0.0 if mode == "engine" else args.hostile / 2,

@@ -48,6 +48,7 @@ class WorkloadConfig:
     poison_at: float = 0.3  # where in the first requests the poison flood starts (a share)
     poison_span: int = 40  # the flood lands within the first this many requests
     seeded_share: float = 0.5
+    seeded_temperature: float = 0.8  # and top_p 0.95: the seeded requests' sampling
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def draw_request(seed: int, index: int, config: WorkloadConfig) -> RequestSpec:
     max_new = rng.randint(*config.max_tokens)
     temperature, top_p, sample_seed = 0.0, 1.0, None
     if rng.random() < config.seeded_share:
-        temperature, top_p, sample_seed = 0.8, 0.95, rng.randrange(1 << 31)
+        temperature, top_p = config.seeded_temperature, 0.95
+        sample_seed = rng.randrange(1 << 31)
     stream = transport == "ws" or rng.random() < 0.7
     cancel_after, disconnect = None, False
     if rng.random() < config.cancel_share:

@@ -67,6 +67,21 @@ def test_output_lengths_and_the_backlog_phase() -> None:
     assert stops and all(0.02 <= s <= 0.3 for s in stops)
 
 
+def test_seeded_share_and_temperature() -> None:
+    from rt.chaos.workload import draw_request
+
+    w = config().run.workload
+    assert (w.seeded_share, w.seeded_temperature) == (0.5, 0.8)
+    hot = config("--seeded", "1", "--temperature", "1.2").run.workload
+    specs = [draw_request(5, i, hot) for i in range(20)]
+    assert all(s.temperature == 1.2 and s.seed is not None for s in specs)
+    greedy = config("--seeded", "0").run.workload
+    assert all(draw_request(5, i, greedy).temperature == 0.0 for i in range(20))
+    for bad in (("--seeded", "1.5"), ("--temperature", "-1"), ("--seeded", "x")):
+        with pytest.raises(SystemExit):
+            config(*bad)
+
+
 def test_replay_and_fault_subsets() -> None:
     c = config("--replay", "7", "--faults", "3,9", "--ring-capacity", "4096", "--hogs", "2")
     assert c.run.seed == 7 and c.only == (3, 9)
