@@ -54,11 +54,28 @@ async def test_a_seeded_campaign_in_process_passes(tmp_path: Path) -> None:
     assert {f.actor for f in planned} >= ACTORS, report
     fired = outcome.ledger.of_kind("fault")
     assert {e["actor"] for e in fired} >= ACTORS, report
-    # every kind fired (a delay leaves no line to see it by); every fault, or the report says
-    assert {e["kind"] for e in fired} >= set(MAIN_KINDS) - {"delay"}, report
-    assert {e["id"] for e in fired} | {f.id for f in planned if f.kind == "delay"} == {
-        f.id for f in planned
-    }, report
+    # A planned fault is pinned to an incarnation and a hit count: when another crash
+    # ends that incarnation first (a poison request's, under a slow machine's timing:
+    # seed 11's oom at the scheduler's 9th forward pass of incarnation 2), it never
+    # fires, and the report lists it. Any other fault must fire (a delay leaves no
+    # line to see it by).
+    last: dict[str, int] = {}  # the latest incarnation the monitor saw of each actor
+    for e in outcome.ledger.of_kind("actor"):
+        last[e["name"]] = max(last.get(e["name"], 0), e["incarnation"] or 0)
+    fired_ids = {e["id"] for e in fired}
+    preempted = {
+        f.id
+        for f in planned
+        if f.id not in fired_ids
+        and f.via == "plan"
+        and f.incarnation is not None
+        and last.get(f.actor, 0) > f.incarnation
+    }
+    delays = {f.id for f in planned if f.kind == "delay"}
+    assert fired_ids | delays | preempted == {f.id for f in planned}, report
+    kinds = {e["kind"] for e in fired} | {f.kind for f in planned if f.id in preempted}
+    assert kinds >= set(MAIN_KINDS) - {"delay"}, report
+    assert len(preempted) <= 1, report  # more than one would be no accident of timing
     assert sum(e["state"] == "completed" for e in outcome.ledger.of_kind("end")) >= 15, report
 
 
