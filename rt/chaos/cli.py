@@ -50,32 +50,26 @@ def bounded(lo: float, hi: float) -> Callable[[str], float]:
     return parse
 
 
-def seconds_range(text: str) -> tuple[float, float]:
-    """``LO,HI`` (or one number): a range of seconds."""
-    parts = text.split(",")
-    try:
-        if len(parts) > 2:
-            raise ValueError
-        lo, hi = float(parts[0]), float(parts[-1])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO,HI (seconds), got {text!r}") from None
-    if not 0 <= lo <= hi:
-        raise argparse.ArgumentTypeError(f"expected 0 <= LO <= HI, got {text!r}")
-    return lo, hi
+def value_range(cast: Callable[[str], Any], least: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: ``LO,HI`` (or one number), each ``cast``, ``least <= LO <= HI``."""
+
+    def parse(text: str) -> tuple[Any, Any]:
+        parts = text.split(",")
+        try:
+            if len(parts) > 2:
+                raise ValueError
+            lo, hi = cast(parts[0]), cast(parts[-1])
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected LO,HI ({what}), got {text!r}") from None
+        if not least <= lo <= hi:
+            raise argparse.ArgumentTypeError(f"expected {least:g} <= LO <= HI, got {text!r}")
+        return lo, hi
+
+    return parse
 
 
-def token_range(text: str) -> tuple[int, int]:
-    """``LO,HI`` (or one number): a range of output lengths."""
-    parts = text.split(",")
-    try:
-        if len(parts) > 2:
-            raise ValueError
-        lo, hi = int(parts[0]), int(parts[-1])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO,HI (integers), got {text!r}") from None
-    if not 1 <= lo <= hi:
-        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
-    return lo, hi
+token_range = value_range(int, 1, "integers")  # output lengths
+seconds_range = value_range(float, 0, "seconds")
 
 
 def listed(choices: tuple[str, ...]) -> Any:

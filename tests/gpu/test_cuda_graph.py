@@ -101,31 +101,27 @@ def _drain_comparing(
     return sizes
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral"])
-def test_graph_steps_equal_eager_bitwise(
-    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch, arch: str
+@pytest.mark.parametrize(
+    ("arch", "exact"),
+    [("llama", True), ("mistral", True), ("llama", False)],
+    ids=["llama-bitwise", "mistral-bitwise", "llama-plain-matmuls"],
+)
+def test_graph_steps_equal_eager(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch, arch: str, exact: bool
 ) -> None:
-    # mistral: MQA and a sliding window (12) shorter than the contexts
+    """Decode batches of 5, 4, 3, 2 and 1 requests through the graphs' padded pass.
+    mistral: MQA and a sliding window (12) shorter than the contexts."""
     monkeypatch.setattr(triton_backend, "DECODE_SPLIT", 32)
     core = _engine(checkpoints[arch])
-    # batch-invariant linears (fixed 16-row blocks): a padded batch changes no row's
-    # matmul, so what is left to differ is the graphs' own doing; attention stays on
-    # the decode kernel (the backend is not deterministic)
-    monkeypatch.setattr(core.runner.ops, "deterministic", True)
+    if exact:
+        # batch-invariant linears (fixed 16-row blocks): a padded batch changes no row's
+        # matmul, so what is left to differ is the graphs' own doing; attention stays on
+        # the decode kernel (the backend is not deterministic)
+        monkeypatch.setattr(core.runner.ops, "deterministic", True)
+    # else: the ladder's sizes bitwise; padded ones (5 -> 8, 3 -> 4) to float32 rounding
     graphs = _graphs(core)
     _add_staggered(core)
-    assert _drain_comparing(core, graphs, monkeypatch, exact=True) == [5, 4, 3, 2, 1]
-
-
-def test_graph_steps_equal_eager_with_plain_matmuls(
-    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the ladder's sizes bitwise; padded ones (5 -> 8, 3 -> 4) to float32 rounding
-    monkeypatch.setattr(triton_backend, "DECODE_SPLIT", 32)
-    core = _engine(checkpoints["llama"])
-    graphs = _graphs(core)
-    _add_staggered(core)
-    assert _drain_comparing(core, graphs, monkeypatch, exact=False) == [5, 4, 3, 2, 1]
+    assert _drain_comparing(core, graphs, monkeypatch, exact=exact) == [5, 4, 3, 2, 1]
 
 
 def test_graphs_under_overlap_scheduling_give_the_plain_engines_outputs(
