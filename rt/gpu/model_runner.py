@@ -35,9 +35,9 @@ class NullModel:
     """No forward pass: logits that pick a fixed token per position (never a stop id).
 
     The chosen token's logit is so far above the rest that sampling picks it too at
-    any ordinary temperature (up to 5, all of a 32k vocabulary else has a chance under
-    1e-4): with a logit of 1 against a flat vocabulary, a temperature-1 draw picked an
-    end-of-sequence token now and then, and a request ended early.
+    any ordinary temperature (at 5, every other token of a 32k vocabulary together has
+    a chance under 1e-4): with a logit of 1 against a flat vocabulary, a temperature-1
+    draw picked an end-of-sequence token now and then, and a request ended early.
     """
 
     PEAK = 100.0
