@@ -13,11 +13,11 @@ signals the actor's pid:
 * backlog: tokens are flowing; the actor that reads the target's output
   (``DOWNSTREAM``) is stopped for the fault's ``stop_s`` (drawn; else
   ``BACKLOG_S``), the target is signalled with its frames unread there, and
-  the reader continues once the target's successor runs (plus
-  ``TAKEOVER_S``; at most ``hold_s`` after it stopped). A scheduler killed
-  this way leaves tokens its successor computes again (in bfloat16, maybe
-  differently) and that reach the frontend after the successor took over:
-  the splice checker's case.
+  the reader continues: at once for a tokenizer, and for a scheduler once its
+  successor runs (plus ``TAKEOVER_S``; at most ``hold_s`` after the reader
+  stopped). A scheduler killed this way leaves tokens its successor computes
+  again (in bfloat16, maybe differently) and that reach the frontend after
+  the successor took over: the splice checker's case.
 
 SIGSTOP stops the actor for ``stop_s`` then SIGCONT, or leaves it to the
 watchdog; every pid stopped is continued when the injector ends, dead or not.
@@ -118,10 +118,12 @@ class Injector:
             backlog = fault.stop_s if fault.kind != "sigstop" and fault.stop_s else BACKLOG_S
             await trio.sleep(backlog)
             await self.fire(fault, "backlog", target)
-            if fault.crash:
+            if fault.crash and role(fault.actor) == "scheduler":
                 # the reader must meet the dead run's frames only once a successor took
                 # over (resumed from what the frontend held): continued at once, it read
-                # them first, as the dead run's own, and nothing was computed again
+                # them first, as the dead run's own, and nothing was computed again. (A
+                # tokenizer's reader, the scheduler, is continued at once: a stopped
+                # step with requests in hand would soon count as a hang.)
                 with trio.move_on_at(stopped_at + self.hold_s):
                     await self._successor(fault.actor, target)
                     await trio.sleep(TAKEOVER_S)
