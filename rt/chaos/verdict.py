@@ -7,6 +7,7 @@ the same seed (shrinking) sends the same requests, so only new ones cost.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rt.chaos import checks
@@ -20,7 +21,6 @@ from rt.chaos.schedule import Schedule
 class Verdict:
     findings: list[Finding] = field(default_factory=list)
     checked: int = 0  # outputs compared with a reference
-    unchecked: int = 0  # outputs no reference could check (bfloat16, batched, no hints)
 
     @property
     def failed(self) -> bool:
@@ -31,11 +31,8 @@ class Verdict:
 
 
 class Judge:
-    """``solo``: the requests ran one at a time, so in bfloat16 every output can be
-    compared with single runs (batched bfloat16 outputs are not reproducible)."""
-
-    def __init__(self, replayer: Replayer, solo: bool) -> None:
-        self.replayer, self.solo = replayer, solo
+    def __init__(self, replayer: Replayer) -> None:
+        self.replayer = replayer
         self._refs: dict[int, list[int]] = {}
         self._prompts: dict[int, list[int]] = {}
 
@@ -58,10 +55,8 @@ class Judge:
             verdict.findings += checks.against_reference(ledger, refs)
             verdict.checked = len(outputs)
         else:
-            refs = self.references(outputs, batched=False) if self.solo else {}
-            found, verdict.unchecked = checks.no_splicing(ledger, refs, self._continues)
-            verdict.findings += found
-            verdict.checked = len(outputs) - verdict.unchecked
+            verdict.findings += checks.no_splicing(ledger, self._margins)
+            verdict.checked = len(outputs)
         return verdict
 
     def job(self, rec: RequestRecord) -> Job:
@@ -88,9 +83,8 @@ class Judge:
             self._refs[r.index] = self.replayer.reference([self.job(r)])[str(r.index)]
         return {r.index: self._refs[r.index] for r in recs}
 
-    def _continues(self, rec: RequestRecord) -> checks.Continues:
-        job = self.job(rec)
-        return lambda prefix, expected: self.replayer.continues(job, prefix, expected)
+    def _margins(self, rec: RequestRecord, ids: Sequence[int]) -> list[float]:
+        return self.replayer.margins(self.job(rec), ids)
 
     def _prompt_tokens(self, recs: list[RequestRecord]) -> list[Finding]:
         """The engine tokenized the prompt as the replays do (else a reference is moot)."""

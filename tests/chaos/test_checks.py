@@ -115,47 +115,16 @@ def test_a_diverged_output_is_found_and_a_mixup_is_named() -> None:
     assert "request 1" in found[1].message
 
 
-def one_run_oracle(runs: dict[tuple[int, ...], list[int]]) -> checks.Continues:
-    """Single runs from given prefixes; any other prefix continues with 0s."""
-
-    def continues(prefix: Any, expected: Any) -> bool:
-        got = runs.get(tuple(prefix), [0] * 10)
-        return got[: len(expected)] == list(expected)
-
-    return continues
-
-
-def test_one_run_accepts_chains_of_single_runs_and_refuses_splices() -> None:
-    ref = [1, 2, 3, 4, 5, 6]
-    runs = {(1, 2): [7, 8, 9, 10], (1, 2, 7, 8): [11, 12]}
-    oracle = one_run_oracle(runs)
-    assert checks.one_run(ref, oracle, ref, budget=0)
-    assert checks.one_run([1, 2, 7, 8, 9, 10], oracle, ref, budget=1)  # resumed at 2
-    assert checks.one_run([1, 2, 7, 8, 9, 10], oracle, ref, budget=1, hints=[2])
-    assert not checks.one_run([1, 2, 7, 8, 9, 10], oracle, ref, budget=0)  # no restart: no resume
-    assert checks.one_run([1, 2, 7, 8, 11, 12], oracle, ref, budget=2)  # twice
-    assert not checks.one_run([1, 2, 7, 8, 11, 12], oracle, ref, budget=1)
-    # a splice: the old run's 3 then the new run's continuation of [1, 2]
-    assert not checks.one_run([1, 2, 3, 8, 9, 10], oracle, ref, budget=3)
-    # batched (no reference): only what follows a hint is checked
-    assert checks.one_run(
-        [5, 5, 7, 8, 9, 10], one_run_oracle({(5, 5): [7, 8, 9, 10]}), None, 1, [2]
-    )
-    assert not checks.one_run(
-        [5, 5, 3, 8, 9, 10], one_run_oracle({(5, 5): [7, 8, 9, 10]}), None, 1, [2]
-    )
-
-
-def test_no_splicing_counts_what_it_cannot_check() -> None:
-    events = request(0, [1, 2, 3]) + request(1, [4, 5, 6], resumed_from=[1])
-    events += [{"ev": "actor", "t": 0.0, "name": "scheduler", "state": "running", "incarnation": 1},
-               {"ev": "actor", "t": 1.5, "name": "scheduler", "state": "running", "incarnation": 2}]  # fmt: skip
-    ledger = Ledger.of(events)
-    assert checks.scheduler_restarts(ledger, 1.0, 2.0) == 1
-    found, unchecked = checks.no_splicing(ledger, {}, lambda rec: one_run_oracle({(4,): [5, 6]}))
-    assert found == [] and unchecked == 1
-    found, _ = checks.no_splicing(ledger, {}, lambda rec: one_run_oracle({(4,): [6, 6]}))
-    assert [f.req for f in found] == [1]
+def test_no_splicing_names_the_first_token_over_the_tolerance() -> None:
+    events = request(0, [1, 2, 3]) + request(1, [4, 5, 6, 7], resumed_from=[1])
+    events += request(2, [9, 9], state="cancelled", spec={"cancel_after": 2})
+    margins = {0: [0.0, 0.01, 0.2], 1: [0.0, 0.0, 3.0, 0.7], 2: [0.0, 9.0]}
+    found = checks.no_splicing(Ledger.of(events), lambda rec, ids: margins[rec.index])
+    assert [(f.checker, f.req) for f in found] == [("splice", 1), ("splice", 2)]
+    assert "token 2 of 4" in found[0].message and "2 such token(s)" in found[0].message
+    assert "resumed from [1]" in found[0].message
+    within = {0: [0.0] * 3, 1: [checks.SPLICE_TOLERANCE] * 4, 2: [0.0, 0.0]}
+    assert checks.no_splicing(Ledger.of(events), lambda rec, ids: within[rec.index]) == []
 
 
 def test_engine_findings_escalation_exit_leaks_and_unclean_stops() -> None:

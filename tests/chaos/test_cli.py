@@ -38,9 +38,10 @@ def test_in_process_attach_and_duration() -> None:
     assert attached.schedule.poison == 0 and attached.schedule.signal_share == 1.0
 
 
-def test_bfloat16_runs_one_at_a_time_without_the_prefix_cache() -> None:
+def test_bfloat16_runs_batched_with_the_prefix_cache_as_users_run_it() -> None:
     c = config("--dtype", "bfloat16")
-    assert c.run.concurrency == 1 and c.run.engine["enable_prefix_cache"] is False
+    assert c.run.concurrency == 8 and "enable_prefix_cache" not in c.run.engine
+    assert c.run.engine["dtype"] == "bfloat16"
     assert config("--dtype", "bfloat16", "--concurrency", "4").run.concurrency == 4
 
 

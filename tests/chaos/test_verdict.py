@@ -1,5 +1,5 @@
 """The judge: which outputs meet which reference, in float32 and in bfloat16
-(a stub engine core: references and single runs given by hand)."""
+(a stub engine core: references and next-token choices given by hand)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from rt.chaos.verdict import Judge
 
 
 class StubCore:
-    """Prompts are their own ids; a run from a prefix continues with what ``runs`` says."""
+    """Prompts are their own ids; the uninterrupted run is ``runs[()]``; a run
+    conditioned on a prefix draws what one of the ``runs`` (keyed by where they
+    resumed) has next after it."""
 
     def __init__(self, dtype: str, runs: dict[tuple[int, ...], list[int]]) -> None:
         self.dtype, self.runs = dtype, runs
@@ -27,8 +29,10 @@ class StubCore:
     def reference(self, jobs: Sequence[Job]) -> dict[str, list[int]]:
         return {job.key: self.runs[()][: job.options["max_new_tokens"]] for job in jobs}
 
-    def continues(self, job: Job, prefix: Sequence[int], expected: Sequence[int]) -> bool:
-        return self.runs.get(tuple(prefix), [])[: len(expected)] == list(expected)
+    def margins(self, job: Job, ids: Sequence[int]) -> list[float]:
+        whole = [[*k, *run] for k, run in self.runs.items()]
+        return [0.0 if any(w[: j + 1] == list(ids[: j + 1]) for w in whole) else 5.0
+                for j in range(len(ids))]  # fmt: skip
 
 
 def ledger(*outputs: tuple[list[int], list[int] | None]) -> Ledger:
@@ -52,22 +56,19 @@ RUNS = {(): [1, 2, 3, 4], (1, 2): [7, 8]}
 
 
 def test_float32_outputs_must_equal_the_uninterrupted_run() -> None:
-    judge = Judge(StubCore("float32", RUNS), solo=False)  # type: ignore[arg-type]
+    judge = Judge(StubCore("float32", RUNS))  # type: ignore[arg-type]
     verdict = judge.judge(ledger(([1, 2, 3, 4], None), ([1, 2, 7, 8], [2])), Schedule(1))
     assert [(f.checker, f.req) for f in verdict.findings] == [("reference", 1)]
     assert verdict.checked == 2
 
 
-def test_bfloat16_one_at_a_time_checks_every_output_as_single_runs() -> None:
-    judge = Judge(StubCore("bfloat16", RUNS), solo=True)  # type: ignore[arg-type]
+def test_bfloat16_checks_every_output_token_by_token() -> None:
+    """Resumed or not, with resume points known or not: a resumed run passes, a
+    splice (the old run's 3, then the new run's 8, drawn after 7) does not."""
+    judge = Judge(StubCore("bfloat16", RUNS))  # type: ignore[arg-type]
     good = ledger(([1, 2, 3, 4], None), ([1, 2, 7, 8], None), ([1, 2, 7, 8], [2]))
     verdict = judge.judge(good, Schedule(1))
-    assert verdict.findings == [] and verdict.unchecked == 0
-    spliced = judge.judge(ledger(([1, 2, 3, 8], None)), Schedule(1))
-    assert [f.checker for f in spliced.findings] == ["splice"]
-
-
-def test_bfloat16_batched_checks_only_what_has_resume_points() -> None:
-    judge = Judge(StubCore("bfloat16", RUNS), solo=False)  # type: ignore[arg-type]
-    verdict = judge.judge(ledger(([9, 9, 9, 9], None), ([1, 2, 7, 8], [2])), Schedule(1))
-    assert verdict.findings == [] and verdict.unchecked == 1 and verdict.checked == 1
+    assert verdict.findings == [] and verdict.checked == 3
+    spliced = judge.judge(ledger(([1, 2, 3, 4], None), ([1, 2, 3, 8], [2])), Schedule(1))
+    assert [(f.checker, f.req) for f in spliced.findings] == [("splice", 1)]
+    assert "token 3 of 4" in spliced.findings[0].message
