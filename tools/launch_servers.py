@@ -38,9 +38,15 @@ def option_flags(options: dict[str, Any], names: dict[str, str]) -> list[str]:
 
 
 def rt_serve_flag_names() -> dict[str, str]:
+    """Each engine option's flag; a boolean option's, the switch that sets it true
+    (``torch_compile`` → ``--enable-torch-compile``)."""
     from rt import serve
 
-    return {flag.option: flag.name for flag in getattr(serve, "ENGINE_FLAGS", ())}
+    names = {flag.option: flag.name for flag in getattr(serve, "ENGINE_FLAGS", ())}
+    for name, (option, value, _) in getattr(serve, "SWITCHES", {}).items():
+        if value is True:
+            names.setdefault(option, name)
+    return names
 
 
 def server_command(kind: str, port: int, model_path: str, rt_options: dict[str, Any]) -> list[str]:

@@ -188,6 +188,8 @@ def test_engine_options_become_rt_serve_flags() -> None:
         servers.rt_serve_flag_names()
     )  # rt-serve's own table, where a flag is not the option's name
     assert names.get("seed", "--seed") in bs.server_command("rt", 1, "/m", {"seed": 3})
+    compiled = bs.server_command("rt", 1, "/m", {"torch_compile": True})
+    assert compiled[-1] == "--enable-torch-compile"  # a switch, not --torch-compile
     command = bs.server_command("rt", 1234, "/m", {"load_format": "null"})
     assert command[1:3] == ["-m", "rt.serve"] and command[-2:] == ["--load-format", "null"]
     command = bs.server_command("transformers", 1234, "/m", {})
