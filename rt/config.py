@@ -66,6 +66,12 @@ class EngineOptions(BaseModel):
         "triton backend, not deterministic)",
     )
     cuda_graph_max_bs: int = Field(256, ge=1, description="the largest decode batch captured")
+    torch_compile: bool = Field(
+        False,
+        description="run decode steps through torch.compile (the torch backend; compiled at "
+        "start-up, ~10 s per batch size)",
+    )
+    torch_compile_max_bs: int = Field(8, ge=1, description="the largest decode batch compiled")
     # the tokenizer workers
     tokenizer_workers: int = Field(1, ge=1, le=64)
     tokenizer_batch_size: int = Field(64, ge=1)
@@ -150,4 +156,6 @@ class EngineOptions(BaseModel):
             overlap_schedule=self.overlap_schedule,
             cuda_graph=self.cuda_graph,
             cuda_graph_max_bs=self.cuda_graph_max_bs,
+            torch_compile=self.torch_compile,
+            torch_compile_max_bs=self.torch_compile_max_bs,
         )

@@ -115,6 +115,12 @@ ENGINE_FLAGS = (
         int,
         "the largest decode batch a CUDA graph is captured for",
     ),
+    Flag(
+        "--torch-compile-max-bs",
+        "torch_compile_max_bs",
+        int,
+        "the largest decode batch --enable-torch-compile compiles (default 8)",
+    ),
     Flag("--random-seed", "seed", int, "the engine's seed (model init for dummy weights)"),
     Flag("--tokenizer-worker-num", "tokenizer_workers", int, "tokenizer processes"),
     Flag(
@@ -188,6 +194,12 @@ SWITCHES = {
         "overlap_schedule",
         True,
         "launch each step before reading the last one's tokens (default on CUDA)",
+    ),
+    "--enable-torch-compile": (
+        "torch_compile",
+        True,
+        "run decode steps through torch.compile (inductor; --attention-backend torch): "
+        "faster on a CPU, after ~10 s of compiling per batch size at start-up",
     ),
     "--disable-cuda-graph": (
         "cuda_graph",

@@ -41,7 +41,44 @@ def batch_ladder(max_bs: int) -> list[int]:
     return [s for s in (1, 2, 4) if s < max_bs] + list(range(8, max_bs, 8)) + [max_bs]
 
 
-class DecodeGraphs:
+class DecodeInputs:
+    """A decode step's inputs in static buffers of ``max_bs`` rows: the step's batch in
+    the first rows, the rest up to the size run padding (zeros)."""
+
+    def __init__(self, max_bs: int, device: torch.device) -> None:
+        self.max_bs = max_bs
+        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        self.positions = torch.zeros_like(self.input_ids)
+        self.out_loc = torch.zeros_like(self.input_ids)
+        self.req_rows = torch.zeros_like(self.input_ids)
+
+    def fits(self, batch: ForwardBatch) -> bool:
+        """Whether ``batch`` is a decode step of at most ``max_bs`` requests, every row
+        sampled and nothing else asked."""
+        bs = batch.batch_size
+        return (
+            0 < bs <= self.max_bs
+            and batch.is_decode
+            # a decode-shaped prefill chunk (one token left, not the last) samples nothing
+            and batch.sample_indices.shape[0] == bs
+            and batch.sampled_rows is None
+            and not batch.prompt_spans
+        )
+
+    def load(self, batch: ForwardBatch, size: int) -> None:
+        bs = batch.batch_size
+        live = (
+            (self.input_ids, batch.input_ids),
+            (self.positions, batch.positions),
+            (self.out_loc, batch.out_cache_loc),
+            (self.req_rows, batch.req_rows),
+        )
+        for buf, src in live:
+            buf[:bs].copy_(src)
+            buf[bs:size].zero_()
+
+
+class DecodeGraphs(DecodeInputs):
     """Decode forward passes of up to ``max_bs`` requests, replayed from CUDA graphs.
 
     With ``capture=False`` (or before capture) :meth:`run` executes the same padded pass
@@ -67,15 +104,11 @@ class DecodeGraphs:
         if capture and device.type != "cuda":
             raise ConfigError(f"capturing CUDA graphs needs a CUDA device, not {device}")
         self.model, self.attn, self.ops = model, attn, ops
-        self.max_bs = max_bs
         self.sizes = batch_ladder(max_bs)
         self.max_context = min(GRAPH_MAX_CONTEXT, attn.req_to_token.shape[1])
         # [max_bs] int64 each; rows past a step's batch are padding: all zeros (a
         # padding row's table row 0 is a valid row, never read at seq_len 0)
-        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.positions = torch.zeros_like(self.input_ids)
-        self.out_loc = torch.zeros_like(self.input_ids)
-        self.req_rows = torch.zeros_like(self.input_ids)
+        super().__init__(max_bs, device)
         self.seq_lens = torch.zeros_like(self.input_ids)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}  # each graph's output, [size, vocab]
@@ -85,16 +118,7 @@ class DecodeGraphs:
     def can_run(self, batch: ForwardBatch) -> bool:
         """Whether ``batch`` is a decode step a graph can run: every row sampled, nothing
         else asked, at most ``max_bs`` requests of at most ``max_context`` tokens."""
-        bs = batch.batch_size
-        return (
-            0 < bs <= self.max_bs
-            and batch.is_decode
-            # a decode-shaped prefill chunk (one token left, not the last) samples nothing
-            and batch.sample_indices.shape[0] == bs
-            and batch.sampled_rows is None
-            and not batch.prompt_spans
-            and max(batch.seq_lens) <= self.max_context
-        )
+        return self.fits(batch) and max(batch.seq_lens) <= self.max_context
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [batch_size, vocab] float32, those of ``model(batch, attn, ops)``.
@@ -114,15 +138,7 @@ class DecodeGraphs:
     def _load(self, batch: ForwardBatch, size: int) -> None:
         """Copy ``batch`` into the static buffers' first rows and pad them to ``size``."""
         bs = batch.batch_size
-        live = (
-            (self.input_ids, batch.input_ids),
-            (self.positions, batch.positions),
-            (self.out_loc, batch.out_cache_loc),
-            (self.req_rows, batch.req_rows),
-        )
-        for buf, src in live:
-            buf[:bs].copy_(src)
-            buf[bs:size].zero_()
+        self.load(batch, size)
         # the one host-to-device copy: pinned, so it does not wait for the device
         on_cuda = self.seq_lens.is_cuda
         seq_lens = torch.tensor(

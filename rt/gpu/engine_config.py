@@ -57,6 +57,10 @@ class EngineConfig:
     # None: wherever they can run (CUDA, the triton backend, not deterministic)
     cuda_graph: bool | None = None
     cuda_graph_max_bs: int = 256
+    # run decode batches of up to torch_compile_max_bs requests through torch.compile
+    # (inductor; the torch backend): compiled when the engine starts, ~10 s per size
+    torch_compile: bool = False
+    torch_compile_max_bs: int = 8
 
     @property
     def kv_mem_fraction(self) -> float:
@@ -91,6 +95,15 @@ class EngineConfig:
         return None
 
     @property
+    def why_no_torch_compile(self) -> str | None:
+        """Why decode cannot run through torch.compile here (None: it can)."""
+        if self.load_format == "null":
+            return "the null model runs no forward pass"
+        if self.backend != "torch":
+            return f"it needs attention_backend='torch', not {self.backend!r}"
+        return None
+
+    @property
     def use_cuda_graph(self) -> bool:
         return self.cuda_graph is not False and self.why_no_cuda_graph is None
 
@@ -103,6 +116,12 @@ class EngineConfig:
         if self.cuda_graph and self.why_no_cuda_graph is not None:
             raise ConfigError(
                 f"cuda_graph=True: CUDA graphs cannot run here: {self.why_no_cuda_graph}"
+            )
+        if self.torch_compile and self.why_no_torch_compile is not None:
+            raise ConfigError(f"torch_compile=True: {self.why_no_torch_compile}")
+        if self.torch_compile_max_bs < 1:
+            raise ConfigError(
+                f"torch_compile_max_bs: expected an integer >= 1, got {self.torch_compile_max_bs}"
             )
         if self.cuda_graph_max_bs < 1:
             raise ConfigError(

@@ -116,6 +116,17 @@ def build_parts(config: EngineConfig) -> EngineParts:
             runner.graphs.max_bs,
             time.monotonic() - start,
         )
+    if config.torch_compile:
+        from rt.gpu.compiled_decode import CompiledDecode
+
+        runner.compiled = CompiledDecode(
+            model,
+            attn,
+            ops,
+            max_bs=min(config.torch_compile_max_bs, config.max_running_requests),
+            device=device,
+        )
+        runner.compiled.warm_up()
     prefill = PrefillPlanner(
         cache,
         config.schedule_policy,

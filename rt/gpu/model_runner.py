@@ -15,6 +15,7 @@ from rt.gpu.models.ops import TorchOps
 from rt.gpu.request import Req
 
 if TYPE_CHECKING:
+    from rt.gpu.compiled_decode import CompiledDecode
     from rt.gpu.cuda_graph import DecodeGraphs
 
 
@@ -76,6 +77,9 @@ class ModelRunner:
         # captured decode passes (CUDA, triton): replayed for every decode batch they fit
         self.graphs: DecodeGraphs | None = None
         self.graph_replays = 0
+        # decode passes compiled by torch.compile (the torch backend): run for every
+        # decode batch they fit
+        self.compiled: CompiledDecode | None = None
 
     def build_batch(
         self,
@@ -137,5 +141,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(batch):
             self.graph_replays += 1
             return self.graphs.run(batch)
+        if self.compiled is not None and self.compiled.can_run(batch):
+            return self.compiled.run(batch)
         assert self.attn is not None
         return self.model(batch, self.attn, self.ops)

@@ -71,7 +71,7 @@ def test_backend_and_deterministic_flags_reach_the_engine_config() -> None:
         build_parser().parse_args(["--attention-backend", "cudnn"])
 
 
-def test_overlap_and_cuda_graph_flags_reach_the_engine_config() -> None:
+def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
     from rt.serve import engine_options
 
     def config(*argv: str) -> Any:
@@ -83,6 +83,9 @@ def test_overlap_and_cuda_graph_flags_reach_the_engine_config() -> None:
     assert config("--device", "cuda", "--disable-overlap-schedule").use_overlap is False
     assert config("--disable-cuda-graph").cuda_graph is False
     assert config("--cuda-graph-max-bs", "48", "--max-running-requests", "32").graph_max_bs == 32
+    assert config().torch_compile is False
+    compiled = config("--enable-torch-compile", "--torch-compile-max-bs", "16")
+    assert (compiled.torch_compile, compiled.torch_compile_max_bs) == (True, 16)
     with pytest.raises(SystemExit):  # the two overlap switches exclude each other
         build_parser().parse_args(["--enable-overlap-schedule", "--disable-overlap-schedule"])
 
