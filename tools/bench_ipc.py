@@ -21,7 +21,17 @@ With ``--contend N`` the whole comparison runs twice: on the machine as it is
 (quiet), then beside N busy processes (``while True: pass``, started and
 killed by this tool, and each bounded in time), as on an oversubscribed host.
 
-    python tools/bench_ipc.py [--rounds 3] [--quick] [--contend N] [--transports rt,zmq] [--json]
+With ``--placement same`` both endpoints of every transport (and ZMQ's I/O
+threads) run on CPU 0; with ``split`` this process on CPU 0 and its peer on
+CPU 1; ``free`` (the default) leaves them to the kernel. Beside busy processes a
+round trip's tail depends on it (docs/benchmarks.md): on one CPU the waker
+parks and the woken peer runs at once, on two it must preempt a busy process
+there, and ~1.5% of the round trips wait out a time slice. Where the kernel
+puts them differs from run to run, so a comparison is fair only within one
+placement.
+
+    python tools/bench_ipc.py [--rounds 3] [--quick] [--contend N] [--transports rt,zmq]
+        [--placement free|same|split] [--json]
 """
 
 from __future__ import annotations
@@ -52,6 +62,17 @@ from rt.messages import Message
 from rt.shm import Ring, RingReceiver, RingSender, RingSpec, codec, new_run_prefix
 
 TRANSPORTS = ("rt", "zmq", "zmq_rt_codec", "mp_queue")
+PLACEMENTS = {"free": None, "same": (0, 0), "split": (0, 1)}  # (this process's CPU, the peer's)
+PEER_CPU = "RT_BENCH_PEER_CPU"  # the environment variable that tells a peer where to run
+
+
+def place_peer() -> None:
+    """In a peer process: run on the CPU the placement gives it, if any."""
+    cpu = os.environ.get(PEER_CPU)
+    if cpu is not None:
+        os.sched_setaffinity(0, {int(cpu)})
+
+
 BATCH = 32  # rt_batched: messages per frame, the way rt's actors send (a step, a batch)
 
 
@@ -109,6 +130,7 @@ def flat(encoded: bytes | list[bytes | memoryview]) -> bytes:
 
 
 def child(transport: str, mode: str, payload: str, n: int, addr: str) -> None:
+    place_peer()
     if transport == "rt":
         trio.run(rt_child, mode, payload, n, addr)
         return
@@ -303,6 +325,7 @@ def _run_zmq(transport: str, mode: str, payload: str, n: int, addr: str) -> list
 
 
 def mp_child(mode: str, payload: str, n: int, up: Any, down: Any) -> None:
+    place_peer()
     down.get()
     if mode == "throughput":
         msg = message(payload, "mp_queue")
@@ -388,9 +411,13 @@ BUSY_LOOP = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic
 def busy_processes(n: int, limit_s: float) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``n`` processes that each keep a core busy (a bare Python loop), killed on
     the way out and, should this tool be killed first, gone after ``limit_s``."""
+    every_cpu = range(os.cpu_count() or 1)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", BUSY_LOOP.format(limit=limit_s)], stdin=subprocess.DEVNULL
+            [sys.executable, "-c", BUSY_LOOP.format(limit=limit_s)],
+            stdin=subprocess.DEVNULL,
+            # free to run anywhere, whatever this process's placement
+            preexec_fn=lambda: os.sched_setaffinity(0, every_cpu),
         )
         for _ in range(n)
     ]
@@ -453,8 +480,21 @@ def main() -> None:
         default=",".join(TRANSPORTS),
         help=f"which to compare, comma-separated, zmq among them (default {','.join(TRANSPORTS)})",
     )
+    parser.add_argument(
+        "--placement",
+        choices=tuple(PLACEMENTS),
+        default="free",
+        help="same: both endpoints on CPU 0; split: this process on CPU 0, its peer on "
+        "CPU 1; free: where the kernel puts them (default)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    cpus = PLACEMENTS[args.placement]
+    if cpus is not None:
+        if not set(cpus) <= os.sched_getaffinity(0):
+            parser.error(f"--placement {args.placement} needs CPUs {sorted(set(cpus))}")
+        os.sched_setaffinity(0, {cpus[0]})
+        os.environ[PEER_CPU] = str(cpus[1])
     transports = tuple(args.transports.split(","))
     if "zmq" not in transports or not set(transports) <= set(TRANSPORTS):
         parser.error(f"--transports: a subset of {','.join(TRANSPORTS)} with zmq in it")
@@ -468,10 +508,12 @@ def main() -> None:
         contended = bench(args.rounds, args.quick, transports)
     if args.json:
         print(
-            f'{{"busy_processes": {args.contend}, "quiet": {as_json(results)}, '
+            f'{{"busy_processes": {args.contend}, "placement": "{args.placement}", '
+            f'"quiet": {as_json(results)}, '
             f'"contended": {as_json(contended)}}}'
         )
     else:
+        print(f"placement {args.placement}\n")
         print(f"quiet\n{table(results)}\n\nbeside {args.contend} busy processes\n")
         print(table(contended))
 

@@ -31,7 +31,9 @@ def test_the_ipc_benchmark_prints_every_transport_and_figure() -> None:
 
 
 def test_the_contended_comparison_reports_a_quiet_and_a_contended_table() -> None:
+    """With both endpoints of each transport held on one CPU (--placement same)."""
     flags = ["--quick", "--rounds", "1", "--contend", "1", "--contend-limit", "120"]
+    flags += ["--placement", "same"]
     out = subprocess.run(
         [sys.executable, str(TOOL), *flags, "--transports", "rt,zmq", "--json"],
         capture_output=True,
@@ -40,8 +42,8 @@ def test_the_contended_comparison_reports_a_quiet_and_a_contended_table() -> Non
         check=True,
     )
     results = json.loads(out.stdout)
-    assert set(results) == {"busy_processes", "quiet", "contended"}
-    assert results["busy_processes"] == 1
+    assert set(results) == {"busy_processes", "placement", "quiet", "contended"}
+    assert (results["busy_processes"], results["placement"]) == (1, "same")
     for table in ("quiet", "contended"):
         for payload, by_transport in results[table].items():
             assert set(by_transport) == {"rt", "zmq", "rt_batched"}, (table, payload)
