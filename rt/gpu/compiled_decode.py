@@ -12,10 +12,13 @@ size, so no request ever waits for a compile. The context length is a dynamic
 dimension of each graph (``mark_dynamic``), so a growing sequence never recompiles.
 
 A padding row is token 0 at position 0 that stores its K/V in slot 0 (the pool's
-reserved dummy slot) and attends to that slot alone; its logits are dropped. Rows
-do not mix anywhere in the pass, so padding changes no live row's arithmetic order
-except inside the matmuls, whose kernels may block rows differently at another
-batch size (the float32 outputs stayed token-identical to eager in the tests).
+reserved dummy slot) and attends to one key, the first slot of request-table row 0
+(whatever request holds it: only read); its logits are dropped. Rows do not mix
+anywhere in the pass, so padding changes no live row's arithmetic order except
+inside the matmuls, whose kernels may block rows differently at another batch size.
+In float32 the tokens stayed identical to eager in the tests; in bfloat16 they may
+not: inductor keeps fused intermediates in float32 where eager rounds each op to
+bfloat16 (a review measured logprobs up to 0.08 apart, a token differing at 24).
 
 Only the torch attention backend, with no sliding-window layers: its decode step is
 a plain masked SDPA over the gathered keys. Two of its forms are recast for the
@@ -27,11 +30,13 @@ a Python bool from the model's shape, not a traced comparison.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+import types
 import warnings
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -114,7 +119,7 @@ class CompiledDecode(DecodeInputs):
         self.sizes = batch_ladder(max_bs)
         super().__init__(max_bs, device)
         self.runs = 0
-        self._fn = _compile(model, len(self.sizes))
+        self._fn = _compile(model)
 
     def warm_up(self) -> None:
         """Compile every size now (all padding: they write slot 0 alone)."""
@@ -143,17 +148,14 @@ class CompiledDecode(DecodeInputs):
 
     def _forward(self, size: int, seq_lens: list[int]) -> torch.Tensor:
         self.attn.prepare_decode(self.req_rows[:size], seq_lens, self.out_loc[:size])
-        with torch.no_grad():
+        with torch.no_grad(), _settings(len(self.sizes)):
             out: torch.Tensor = self._fn(
                 self.input_ids[:size], self.positions[:size], None, self.attn, self.ops
             )
         return out
 
 
-def _compile(model: LlamaForCausalLM, sizes: int) -> Callable[..., torch.Tensor]:
-    import torch._dynamo
-    import torch._inductor.config
-
+def _compile(model: LlamaForCausalLM) -> Callable[..., torch.Tensor]:
     with warnings.catch_warnings():
         # inductor imports torch.utils.mkldnn, which warns that torch.jit.script_method,
         # its own decorator, is deprecated: torch's noise, not the caller's
@@ -161,19 +163,36 @@ def _compile(model: LlamaForCausalLM, sizes: int) -> Callable[..., torch.Tensor]
             "ignore", "`torch.jit.script_method` is deprecated", DeprecationWarning
         )
         import torch._inductor.compile_fx
-
-    # freezing folds the weights into constants and packs the linear layers for MKL (as a
-    # torch.compile option it is ignored: it is read from the config)
-    torch._inductor.config.freezing = True
-    torch._dynamo.config.automatic_dynamic_shapes = False  # one graph per batch size
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, sizes + 1)
     # compute's own inference_mode makes inductor fail on the frozen parameters
-    # ("Cannot set version_counter for inference tensor"): compile the function under it
-    compute = type(model).compute.__wrapped__.__get__(model)  # type: ignore[attr-defined]
+    # ("Cannot set version_counter for inference tensor"): compile the function under it.
+    # Dynamo keeps its graphs on the code object, and freezing bakes this model's weights
+    # into them with the module guards skipped: a second engine in this process would run
+    # the first one's graphs. So each instance compiles a code object of its own.
+    raw = type(model).compute.__wrapped__  # type: ignore[attr-defined]
+    own = types.FunctionType(
+        raw.__code__.replace(), raw.__globals__, raw.__name__, raw.__defaults__, raw.__closure__
+    )
     return torch.compile(
-        compute,
+        own.__get__(model),
         options={
             "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
             "cpp_wrapper": True,
         },
     )
+
+
+@contextlib.contextmanager
+def _settings(sizes: int) -> Iterator[None]:
+    """The compiler settings of these graphs, for their calls alone (they are the
+    process's): freezing folds the weights into constants and packs the linear layers
+    for MKL (as a torch.compile option it is ignored: it is read from the config); one
+    graph per batch size, never a dynamic batch."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    limit = max(torch._dynamo.config.recompile_limit, sizes + 1)
+    with (
+        torch._inductor.config.patch(freezing=True),
+        torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=limit),
+    ):
+        yield

@@ -101,6 +101,8 @@ class EngineConfig:
             return "the null model runs no forward pass"
         if self.backend != "torch":
             return f"it needs attention_backend='torch', not {self.backend!r}"
+        if self.device != "cpu":
+            return f"it is for the CPU, not {self.device!r} (CUDA replays CUDA graphs)"
         return None
 
     @property

@@ -44,9 +44,29 @@ def test_compiled_decode_draws_the_eager_tokens(checkpoints: dict[str, Path], ar
     assert compiled.runs >= 4
 
 
+@pytest.mark.slow
+def test_two_compiled_engines_in_one_process_each_run_their_own_weights(
+    checkpoints: dict[str, Path],
+) -> None:
+    """Dynamo keeps graphs on the code object, and the weights are frozen into them:
+    a second engine used to replay the first one's graphs, with the first one's weights."""
+    path, reqs = checkpoints["llama"], {"a": ([5, 6, 7, 8], greedy(12, ignore_eos=True))}
+    cores = [
+        make_engine(
+            path, load_format="dummy", seed=seed, torch_compile=True, torch_compile_max_bs=1
+        )
+        for seed in (1, 2)
+    ]
+    for seed, core in zip((1, 2), cores, strict=True):
+        eager = run_all(make_engine(path, load_format="dummy", seed=seed), reqs)
+        assert run_all(core, reqs)["a"]["tokens"] == eager["a"]["tokens"], seed
+        assert core.runner.compiled is not None and core.runner.compiled.runs > 0
+
+
 @pytest.mark.parametrize(
     ("options", "why"),
     [
+        ({"device": "cuda"}, "for the CPU"),
         ({"attention_backend": "triton"}, "attention_backend='torch'"),
         ({"load_format": "null"}, "null model"),
         ({"torch_compile_max_bs": 0}, "torch_compile_max_bs"),
