@@ -117,6 +117,11 @@ class Replayer:
         from rt.gpu import SamplingParams
         from rt.gpu.sampler import _filter, seeded_uniform
 
+        sampling = SamplingParams(**{k: v for k, v in job.options.items() if k in SAMPLING_FIELDS})
+        unmodelled = sorted(set(job.options) - set(SAMPLING_FIELDS))
+        if unmodelled or (not sampling.greedy and sampling.seed is None):
+            # penalties, logit_bias, min_p, n > 1, an unseeded draw: not what is scored here
+            raise ValueError(f"margins cannot score a draw with {unmodelled or 'no seed'}")
         if not ids:
             return []
         self.replays += 1
@@ -130,11 +135,10 @@ class Replayer:
         # row j: the logits at the position before output token j
         logits = torch.cat(self.core.prompt_logits.pop(rid))[len(prompt) - 1 :]
         target = torch.tensor(list(ids))[:, None]
-        temperature = float(job.options.get("temperature", 0.0))
-        if temperature <= 0.0:
+        if sampling.greedy:
             best = logits.max(dim=-1).values
             return (best - logits.gather(1, target)[:, 0]).tolist()
-        sampling = SamplingParams(**{k: v for k, v in job.options.items() if k in SAMPLING_FIELDS})
+        seed, temperature = sampling.seed or 0, sampling.temperature
         if sampling.top_p < 1.0:
             sampling = dataclasses.replace(sampling, top_p=max(sampling.top_p - TOP_P_SLACK, 0.0))
         n, vocab = logits.shape
@@ -142,7 +146,7 @@ class Replayer:
         noise = -torch.log(
             -torch.log(
                 seeded_uniform(
-                    torch.full((n,), sampling.seed or 0),
+                    torch.full((n,), seed),
                     torch.arange(len(prompt), len(prompt) + n),
                     vocab,
                 )

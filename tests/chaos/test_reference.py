@@ -80,3 +80,15 @@ def test_a_splice_of_two_diverged_runs_is_over_the_tolerance(replayer: Replayer,
     over = [j for j, m in enumerate(margins) if m > SPLICE_TOLERANCE]
     assert over and over[0] >= 20, (i, over)
     assert max(replayer.margins(job(i), dead)) <= SPLICE_TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"temperature": 1.0, "top_p": 0.9}, {"temperature": 0.0, "repetition_penalty": 1.2}],
+)
+def test_a_draw_it_does_not_model_is_refused_not_scored(
+    replayer: Replayer, options: dict[str, Any]
+) -> None:
+    """An unseeded draw, or one with penalties: a margin would be a false finding."""
+    with pytest.raises(ValueError, match="cannot score"):
+        replayer.margins(Job("x", [5, 6, 7], options), [8, 9])
