@@ -62,6 +62,7 @@ from rt.messages import Message
 from rt.shm import Ring, RingReceiver, RingSender, RingSpec, codec, new_run_prefix
 
 TRANSPORTS = ("rt", "zmq", "zmq_rt_codec", "mp_queue")
+BATCH = 32  # rt_batched: messages per frame, the way rt's actors send (a step, a batch)
 PLACEMENTS = {"free": None, "same": (0, 0), "split": (0, 1)}  # (this process's CPU, the peer's)
 PEER_CPU = "RT_BENCH_PEER_CPU"  # the environment variable that tells a peer where to run
 
@@ -71,9 +72,6 @@ def place_peer() -> None:
     cpu = os.environ.get(PEER_CPU)
     if cpu is not None:
         os.sched_setaffinity(0, {int(cpu)})
-
-
-BATCH = 32  # rt_batched: messages per frame, the way rt's actors send (a step, a batch)
 
 
 class SmallRequest(Message, frozen=True):

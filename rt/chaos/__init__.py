@@ -6,8 +6,9 @@ through an engine (rt-serve over HTTP SSE and WebSocket, or
 request's history and every fault to a ledger (JSON lines), and checks it:
 no request lost or hung, no stream with duplicated, missing or reordered
 text, outputs equal to an uninterrupted run (float32) or, token by token,
-what a run conditioned on their own prefix draws (bfloat16), no cross-request mix-up, the engine up, nothing leaked. A
-failing schedule is shrunk to the shortest that still fails.
+what a run conditioned on their own prefix draws (bfloat16), no
+cross-request mix-up, the engine up, nothing leaked. A failing schedule is
+shrunk to the shortest that still fails.
 
 The layers, each a module of its own:
 

@@ -87,14 +87,13 @@ class Replayer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
-    def _add(self, job: Job, prefix: Sequence[int] = ()) -> str:
-        from rt.gpu import SamplingParams
-
+    def _add(self, job: Job, params: Any = None, tokens: Sequence[int] | None = None) -> str:
+        """Add ``job`` to the core under a fresh rid: its prompt (or ``tokens``) with its
+        own sampling (or ``params``)."""
         self._serial += 1
         rid = f"{job.key}#{self._serial}"
-        params = SamplingParams(**{k: v for k, v in job.options.items() if k in SAMPLING_FIELDS})
-        extra = {"output_ids": [list(prefix)]} if prefix else {}
-        self.core.add_request(rid, job.prompt_ids, params, **extra)
+        tokens = job.prompt_ids if tokens is None else tokens
+        self.core.add_request(rid, tokens, params or _sampling(job))
         return rid
 
     def reference(self, jobs: Sequence[Job]) -> dict[str, list[int]]:
@@ -117,7 +116,7 @@ class Replayer:
         from rt.gpu import SamplingParams
         from rt.gpu.sampler import _filter, seeded_uniform
 
-        sampling = SamplingParams(**{k: v for k, v in job.options.items() if k in SAMPLING_FIELDS})
+        sampling = _sampling(job)
         unmodelled = sorted(set(job.options) - set(SAMPLING_FIELDS))
         if unmodelled or (not sampling.greedy and sampling.seed is None):
             # penalties, logit_bias, min_p, n > 1, an unseeded draw: not what is scored here
@@ -125,11 +124,9 @@ class Replayer:
         if not ids:
             return []
         self.replays += 1
-        self._serial += 1
-        rid = f"{job.key}#{self._serial}"
         prompt = list(job.prompt_ids)
         params = SamplingParams(max_new_tokens=1, ignore_eos=True, prompt_logprobs=True)
-        self.core.add_request(rid, prompt + list(ids), params)
+        rid = self._add(job, params, prompt + list(ids))
         while self.core.has_work:
             self.core.step()
         # row j: the logits at the position before output token j
@@ -155,6 +152,12 @@ class Replayer:
         rivals = (_filter(scaled, [sampling] * n, vocab) + noise).max(dim=-1).values
         chosen = (scaled + noise).gather(1, target)[:, 0]
         return ((rivals - chosen).clamp(min=0.0) * temperature).tolist()
+
+
+def _sampling(job: Job) -> Any:
+    from rt.gpu import SamplingParams
+
+    return SamplingParams(**{k: v for k, v in job.options.items() if k in SAMPLING_FIELDS})
 
 
 def _scoring_core_class() -> type:

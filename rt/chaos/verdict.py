@@ -51,7 +51,7 @@ class Judge:
         outputs = [r for r in ledger.requests().values() if _checkable(r)]
         verdict.findings += self._prompt_tokens(outputs)
         if self.exact:
-            refs = self.references(outputs, batched=True)
+            refs = self.references(outputs)
             verdict.findings += checks.against_reference(ledger, refs)
             verdict.checked = len(outputs)
         else:
@@ -74,13 +74,12 @@ class Judge:
             options.update(top_p=rec.spec["top_p"], seed=rec.spec["seed"])
         return Job(str(rec.index), self._prompts[rec.index], options)
 
-    def references(self, recs: list[RequestRecord], batched: bool) -> dict[int, list[int]]:
+    def references(self, recs: list[RequestRecord]) -> dict[int, list[int]]:
+        """Float32: the uninterrupted runs, batched (the core is batch-invariant there)."""
         missing = [r for r in recs if r.index not in self._refs]
-        if missing and batched:
+        if missing:
             got = self.replayer.reference([self.job(r) for r in missing])
             self._refs.update({int(k): v for k, v in got.items()})
-        for r in missing if not batched else ():
-            self._refs[r.index] = self.replayer.reference([self.job(r)])[str(r.index)]
         return {r.index: self._refs[r.index] for r in recs}
 
     def _margins(self, rec: RequestRecord, ids: Sequence[int]) -> list[float]:
