@@ -1,8 +1,15 @@
 """Parking an endpoint until its condition holds: a spin, then the eventcount.
 
-The spin's length comes from :class:`rt.shm.spin.SpinPolicy`. Then the
-eventcount: set our ``sleeping`` slot, fence, re-check, and park with
-``trio.lowlevel.wait_readable``. The peer rings our doorbell only when it
+The spin's length comes from :class:`rt.shm.spin.SpinPolicy`, except where
+this process and its peers may run on one CPU only (a taskset, a cpuset of
+one core): there a spin can never pay, since the peer cannot answer until the
+spinner stops, and every wait parks at once. On one CPU that took a ping-pong's
+p99 from ~400 µs (two spinners taking turns by time slice) to ~120–180 µs, at
+the cost of its p50 (~30 → ~55 µs: two parks a round trip instead of one);
+docs/benchmarks.md.
+
+Then the eventcount: set our ``sleeping`` slot, fence, re-check, and park
+with ``trio.lowlevel.wait_readable``. The peer rings our doorbell only when it
 sees the slot set, so a busy ring makes no system calls.
 
 A parked endpoint must also notice that its peer died, or it would hang.
@@ -33,6 +40,20 @@ from rt.shm.spin import Spin, SpinPolicy, spin
 LIVENESS_S = 0.2  # a parked endpoint whose peer it cannot watch checks it this often
 # The cores this process may run on (a cpuset or taskset gives fewer than the machine has).
 CORES = len(os.sched_getaffinity(0)) or 1
+AFFINITY_S = 1.0  # how often a waiter asks again where it and its peers may run
+
+
+def one_cpu(pids: Sequence[int]) -> bool:
+    """May this process and every one of ``pids`` run on one and the same CPU
+    only (a taskset, a cpuset of one core)? Then a spin can never pay: the
+    peer it waits for cannot run until the spinner stops."""
+    try:
+        cpus = set(os.sched_getaffinity(0))
+        for pid in pids:
+            cpus |= os.sched_getaffinity(pid)
+    except OSError:  # a peer that just exited: its pidfd says so
+        return False
+    return len(cpus) == 1
 
 
 def oversubscribed() -> bool:
@@ -64,6 +85,8 @@ class Waiter:
         self.set_sleeping = set_sleeping
         self.peer_fds = peer_fds
         self.policy = SpinPolicy(oversubscribed)
+        self.one_cpu = False  # this process and its peers share one CPU: never spin
+        self._asked = -AFFINITY_S  # when one_cpu was last asked
         self.sleeps = 0
         self.closed = False
         self._epoll: select.epoll | None = None  # made at the first park
@@ -74,7 +97,7 @@ class Waiter:
         is pointless (the peer died). Returns whether it parked (a parked wait
         went through trio's scheduler: a checkpoint, as far as trio knows)."""
         start = time.perf_counter()
-        budget = self.policy.budget(start)
+        budget = 0.0 if self.one_cpu else self.policy.budget(start)
         outcome = spin(ready, start, budget) if budget else Spin.SKIPPED
         if outcome is Spin.READY:
             self.policy.record(outcome, budget, start, time.perf_counter())
@@ -128,6 +151,10 @@ class Waiter:
         watched = self.peer_fds()
         if watched is None:
             return None
+        now = time.perf_counter()
+        if watched != self._watched or now - self._asked > AFFINITY_S:
+            self.one_cpu = one_cpu([pid for pid, _ in watched])
+            self._asked = now
         epoll = self._epoll
         if epoll is None:
             epoll = self._epoll = select.epoll()

@@ -246,3 +246,32 @@ async def test_the_sweep_removes_segments_of_a_killed_run() -> None:
     assert not pid_alive(proc.pid)
     assert name in sweep()
     assert list_segments(name) == []
+
+
+async def test_a_receiver_sees_when_it_and_its_peer_may_run_on_one_cpu_only(
+    ring: Ring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A taskset, or a cpuset of one core: a spin would hold the CPU its peer
+    # needs to answer, so the receiver parks at once (test_waiter.py). The
+    # question is asked again as affinities change.
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs, to tell one shared CPU from two")
+    monkeypatch.setattr(waiter, "AFFINITY_S", 0.0)  # ask at every park
+    cpu = min(cpus)
+    try:
+        with RingReceiver.attach(ring.spec) as rx:
+            async with peer(ring, "trickle", "100") as proc:
+                os.sched_setaffinity(proc.pid, {cpu})
+                os.sched_setaffinity(0, {cpu})
+                for _ in range(50):
+                    await rx.receive()
+                    rx.commit()
+                assert rx._waiter.one_cpu, "pinned to one CPU with its peer, and still spins"
+                os.sched_setaffinity(proc.pid, cpus - {cpu})
+                for _ in range(50):
+                    await rx.receive()
+                    rx.commit()
+                assert not rx._waiter.one_cpu, "its peer moved to another CPU: spinning may pay"
+    finally:
+        os.sched_setaffinity(0, cpus)

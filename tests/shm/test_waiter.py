@@ -83,6 +83,35 @@ async def test_closing_an_endpoint_another_task_is_parked_on_says_closed(
             await rx.receive()
 
 
+async def test_a_waiter_whose_peers_share_its_one_cpu_parks_without_spinning(
+    pair: tuple[RingSender, RingReceiver],
+) -> None:
+    tx, rx = pair
+    looks = 0
+
+    def ready() -> bool:
+        nonlocal looks
+        looks += 1
+        return rx.has_frame()
+
+    async def send_soon() -> None:
+        await trio.sleep(0.01)
+        tx.send_nowait(b"late")
+
+    for one_cpu, most in ((False, None), (True, 3)):
+        rx._waiter.one_cpu = one_cpu
+        looks = 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_soon)
+            await rx._waiter.wait(ready, lambda: None)
+        rx.receive_nowait()
+        rx.commit()
+        if most is None:
+            assert looks > 10, "the spin this test compares with did not happen"
+        else:  # the check before parking, the one after the wake, and one spare
+            assert looks <= most, f"looked {looks} times: it spun on a CPU its peer needs"
+
+
 def test_oversubscription_is_seen_beside_more_busy_processes_than_cores() -> None:
     if waiter.CORES > 8:
         pytest.skip("needs as many busy processes as cores, plus one")
