@@ -23,37 +23,48 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def option_flags(options: dict[str, Any], names: dict[str, str]) -> list[str]:
+def option_flags(
+    options: dict[str, Any],
+    names: dict[str, str],
+    switches: dict[tuple[str, bool], str] | None = None,
+) -> list[str]:
     """Engine options as rt-serve flags: ``load_format="null"`` → ``--load-format null``.
     ``names`` maps the options whose flag is not the option's own name
-    (``seed`` → ``--random-seed``); a False switch is left out."""
+    (``seed`` → ``--random-seed``); ``switches`` maps a boolean option and its
+    value to the switch that sets it (``("cuda_graph", False)`` →
+    ``--disable-cuda-graph``). A True with no switch becomes the option's own
+    flag; a False with no switch is left out (nothing turns it off: it is off
+    by default)."""
+    switches = switches or {}
     flags = []
     for key, value in options.items():
-        flag = names.get(key, "--" + key.replace("_", "-"))
-        if value is True:
-            flags.append(flag)
-        elif value is not False:
-            flags += [flag, str(value)]
+        if isinstance(value, bool):
+            switch = switches.get((key, value))
+            if switch is not None:
+                flags.append(switch)
+            elif value:
+                flags.append(names.get(key, "--" + key.replace("_", "-")))
+            continue
+        flags += [names.get(key, "--" + key.replace("_", "-")), str(value)]
     return flags
 
 
-def rt_serve_flag_names() -> dict[str, str]:
-    """Each engine option's flag; a boolean option's, the switch that sets it true
-    (``torch_compile`` → ``--enable-torch-compile``)."""
+def rt_serve_flags() -> tuple[dict[str, str], dict[tuple[str, bool], str]]:
+    """rt-serve's flag for each engine option that takes a value, and its switch
+    for each boolean option and value (``("torch_compile", True)`` →
+    ``--enable-torch-compile``)."""
     from rt import serve
 
     names = {flag.option: flag.name for flag in getattr(serve, "ENGINE_FLAGS", ())}
-    for name, (option, value, _) in getattr(serve, "SWITCHES", {}).items():
-        if value is True:
-            names.setdefault(option, name)
-    return names
+    switches = {(option, value): name for name, (option, value, _) in serve.SWITCHES.items()}
+    return names, switches
 
 
 def server_command(kind: str, port: int, model_path: str, rt_options: dict[str, Any]) -> list[str]:
     host = ["--host", "127.0.0.1", "--port", str(port)]
     if kind == "rt":
         flags = [*host, "--model-path", model_path]
-        flags += option_flags(rt_options, rt_serve_flag_names())
+        flags += option_flags(rt_options, *rt_serve_flags())
         return [sys.executable, "-m", "rt.serve", *flags]
     if kind == "transformers":
         cli = str(Path(sys.executable).with_name("transformers"))

@@ -183,13 +183,19 @@ def test_engine_options_become_rt_serve_flags() -> None:
     assert servers.option_flags(options, {"x": "--x-flag"}) == [
         "--load-format", "null", "--max-running-requests", "512", "--x-flag", "0.5", "--y",
     ]  # fmt: skip
-    assert servers.option_flags({"enable_prefix_cache": False}, {}) == []
-    names = (
-        servers.rt_serve_flag_names()
-    )  # rt-serve's own table, where a flag is not the option's name
+    assert servers.option_flags({"torch_compile": False}, {}) == []  # off by default
+    names, _ = servers.rt_serve_flags()  # rt-serve's own table, where a flag is not the option's
     assert names.get("seed", "--seed") in bs.server_command("rt", 1, "/m", {"seed": 3})
     compiled = bs.server_command("rt", 1, "/m", {"torch_compile": True})
     assert compiled[-1] == "--enable-torch-compile"  # a switch, not --torch-compile
+    for option, switch in (
+        ("cuda_graph", "--disable-cuda-graph"),
+        ("enable_prefix_cache", "--disable-radix-cache"),
+        ("overlap_schedule", "--disable-overlap-schedule"),
+    ):  # a False is the switch that turns it off, not left out
+        assert bs.server_command("rt", 1, "/m", {option: False})[-1] == switch
+    overlap = bs.server_command("rt", 1, "/m", {"overlap_schedule": True})
+    assert overlap[-1] == "--enable-overlap-schedule"
     command = bs.server_command("rt", 1234, "/m", {"load_format": "null"})
     assert command[1:3] == ["-m", "rt.serve"] and command[-2:] == ["--load-format", "null"]
     command = bs.server_command("transformers", 1234, "/m", {})
