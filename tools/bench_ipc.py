@@ -15,7 +15,8 @@ Payloads: small = a tokenized request (32-char id + 20 token ids, ~200 B pickled
 large = one step's output for 64 requests (id + ~27 token ids each, ~8 KB pickled).
 
 Figures: one-way throughput (the child sends, this process receives and decodes)
-and ping-pong round trips back to back (continuous traffic), medians over rounds.
+and ping-pong round trips back to back (continuous traffic), medians over rounds;
+each round runs every transport once, so their rounds interleave.
 
 With ``--contend N`` the whole comparison runs twice: on the machine as it is
 (quiet), then beside N busy processes (``while True: pass``, started and
@@ -385,19 +386,28 @@ def bench(
     )
     out: dict[str, dict[str, Result]] = {}
     for payload, (n_tp, n_rtt) in counts.items():
-        out[payload] = {}
-        for transport in transports:
-            tps, p50s, p99s = [], [], []
-            for _ in range(rounds):
-                tps += run(transport, "throughput", payload, n_tp)
+        tps: dict[str, list[float]] = {t: [] for t in transports}
+        p50s: dict[str, list[float]] = {t: [] for t in transports}
+        p99s: dict[str, list[float]] = {t: [] for t in transports}
+        batched = []
+        # Rounds interleave the transports, so that each one's rounds spread over the
+        # same stretch of time: beside busy processes, where the kernel puts whom
+        # drifts over minutes, and back-to-back blocks would compare two moments.
+        for _ in range(rounds):
+            for transport in transports:
+                tps[transport] += run(transport, "throughput", payload, n_tp)
                 rtts = np.array(run(transport, "pingpong", payload, n_rtt)) * 1e6
-                p50s.append(float(np.percentile(rtts, 50)))
-                p99s.append(float(np.percentile(rtts, 99)))
-            out[payload][transport] = Result(
-                statistics.median(tps), statistics.median(p50s), statistics.median(p99s)
+                p50s[transport].append(float(np.percentile(rtts, 50)))
+                p99s[transport].append(float(np.percentile(rtts, 99)))
+            if "rt" in transports:
+                batched += run_rt("batched", payload, n_tp)
+        out[payload] = {
+            t: Result(
+                statistics.median(tps[t]), statistics.median(p50s[t]), statistics.median(p99s[t])
             )
+            for t in transports
+        }
         if "rt" in transports:
-            batched = [run_rt("batched", payload, n_tp)[0] for _ in range(rounds)]
             out[payload]["rt_batched"] = Result(statistics.median(batched), None, None)
     return out
 
