@@ -49,7 +49,7 @@ def load_model(
     # allocator, where the KV pool's sizing cannot see it)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg).to(dtype)
-    model = model.to_empty(device=device)
+    _allocate(model, device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # inv_freq is a non-persistent buffer: recompute it, meta init left it empty
@@ -61,6 +61,30 @@ def load_model(
             raise ConfigError("load_format='safetensors' needs a model_path")
         _load_safetensors(model, Path(model_path))
     return model.eval()
+
+
+def _allocate(model: nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer of a meta-built ``model`` uninitialised memory on
+    ``device``, once per tensor (tied weights stay tied). ``Module.to_empty`` does the same
+    through ``empty_like`` of each meta tensor, which runs torch's Python reference and
+    imports sympy on its first call: 0.4 s of every scheduler start."""
+    made: dict[int, torch.Tensor] = {}
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            new = torch.empty(t.shape, dtype=t.dtype, device=device)
+            if isinstance(t, nn.Parameter):
+                new = nn.Parameter(new, requires_grad=t.requires_grad)
+            made[id(t)] = new
+        return made[id(t)]
+
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            new = fresh(param)
+            assert isinstance(new, nn.Parameter)
+            module.register_parameter(name, new)
+        for name, buf in list(module.named_buffers(recurse=False)):
+            setattr(module, name, fresh(buf))
 
 
 def _init_dummy(model: nn.Module, cfg: ModelConfig, seed: int) -> None:

@@ -9,8 +9,12 @@ import torch
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2] in float32, computed as transformers does."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """Inverse frequencies [head_dim // 2] in float32, computed as transformers does, on
+    the CPU even inside a meta device context (the model is built there): an op on a meta
+    tensor runs torch's Python reference, whose first call imports torch._dynamo (1.2 s of
+    every scheduler start)."""
+    arange = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu")
+    inv_freq = 1.0 / (theta ** (arange.float() / head_dim))
     rope_type = scaling.get("rope_type", "default")
     if rope_type == "linear":
         return inv_freq / float(scaling["factor"])
