@@ -33,6 +33,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -150,7 +151,7 @@ async def measure_pipeline(kills: int) -> dict[str, dict[str, list[float]]]:
     import rt
 
     out: dict[str, dict[str, list[float]]] = {}
-    options = {"max_restarts": 3 * kills + 3, "torch_threads": 1}
+    options: dict[str, Any] = {"max_restarts": 3 * kills + 3, "torch_threads": 1}
     async with rt.open_engine(**options) as engine:
         await engine.generate("warm up", max_new_tokens=2)
         for name in PIPELINE_ACTORS:
@@ -162,12 +163,17 @@ async def measure_pipeline(kills: int) -> dict[str, dict[str, list[float]]]:
                 os.kill(before.pid, signal.SIGKILL)
                 await engine.generate("after a kill", max_new_tokens=2)
                 served.append(time.monotonic() - killed_at)
-                while True:  # the request may have been served by the successor already
+                # The supervisor may record the successor's readiness after the request
+                # came back; until then ready_at is the killed incarnation's.
+                ready_at: float | None = None
+                while ready_at is None:
                     now = {a.name: a for a in engine.actors()}[name]
-                    if now.incarnation > before.incarnation and now.ready_at is not None:
-                        break
-                    await trio.sleep(0.01)
-                restore.append(now.ready_at - killed_at)
+                    new = now.incarnation > before.incarnation
+                    if new and now.ready_at is not None and now.ready_at > killed_at:
+                        ready_at = now.ready_at
+                    else:
+                        await trio.sleep(0.01)
+                restore.append(ready_at - killed_at)
             out[name] = {"restore": restore, "served": served}
     return out
 

@@ -32,9 +32,10 @@ def option_flags(
     ``names`` maps the options whose flag is not the option's own name
     (``seed`` → ``--random-seed``); ``switches`` maps a boolean option and its
     value to the switch that sets it (``("cuda_graph", False)`` →
-    ``--disable-cuda-graph``). A True with no switch becomes the option's own
-    flag; a False with no switch is left out (nothing turns it off: it is off
-    by default)."""
+    ``--disable-cuda-graph``). A value with no switch of its own is left out
+    where a switch sets the other value (then it is the default: nothing
+    turns ``cuda_graph`` on), and otherwise is the option's own flag when
+    True, left out when False (off by default)."""
     switches = switches or {}
     flags = []
     for key, value in options.items():
@@ -42,7 +43,7 @@ def option_flags(
             switch = switches.get((key, value))
             if switch is not None:
                 flags.append(switch)
-            elif value:
+            elif value and (key, False) not in switches:
                 flags.append(names.get(key, "--" + key.replace("_", "-")))
             continue
         flags += [names.get(key, "--" + key.replace("_", "-")), str(value)]

@@ -49,10 +49,9 @@ def load_model(
     # allocator, where the KV pool's sizing cannot see it)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg).to(dtype)
-    _allocate(model, device)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    # inv_freq is a non-persistent buffer: recompute it, meta init left it empty
+    _allocate(model, device)  # (tied weights stay tied)
+    # inv_freq is a non-persistent buffer, and _allocate left it uninitialised (the build's
+    # table was cast to ``dtype`` besides): compute it again, in float32, on the device
     model.rotary.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
     if load_format == "dummy":
         _init_dummy(model, cfg, seed)

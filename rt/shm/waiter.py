@@ -4,7 +4,7 @@ The spin's length comes from :class:`rt.shm.spin.SpinPolicy`, except where
 this process and its peers may run on one CPU only (a taskset, a cpuset of
 one core): there a spin can never pay, since the peer cannot answer until the
 spinner stops, and every wait parks at once. On one CPU that took a ping-pong's
-p99 from ~400 µs (two spinners taking turns by time slice) to ~120–180 µs, at
+p99 from ~400 µs (two spinners taking turns by time slice) to ~100–180 µs, at
 the cost of its p50 (~30 → ~55 µs: two parks a round trip instead of one);
 docs/benchmarks.md.
 

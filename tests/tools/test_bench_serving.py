@@ -196,6 +196,10 @@ def test_engine_options_become_rt_serve_flags() -> None:
         assert bs.server_command("rt", 1, "/m", {option: False})[-1] == switch
     overlap = bs.server_command("rt", 1, "/m", {"overlap_schedule": True})
     assert overlap[-1] == "--enable-overlap-schedule"
+    # True where only a switch that turns it off exists: the default, no flag
+    # (there is no --cuda-graph, and rt-serve would exit 2 on one)
+    assert bs.server_command("rt", 1, "/m", {"cuda_graph": True})[-2:] == ["--model-path", "/m"]
+    assert servers.option_flags({"y": True}, {}, {("x", False): "--no-x"}) == ["--y"]
     command = bs.server_command("rt", 1234, "/m", {"load_format": "null"})
     assert command[1:3] == ["-m", "rt.serve"] and command[-2:] == ["--load-format", "null"]
     command = bs.server_command("transformers", 1234, "/m", {})

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_supervisor.py"
 
 
@@ -26,6 +28,7 @@ def test_it_times_detection_and_restore_of_an_idle_actor() -> None:
     assert figures["fault_points"]["check_no_plan_ns"] > 0
 
 
+@pytest.mark.slow
 def test_pipeline_kills_each_actor_and_a_request_is_served_after_every_kill() -> None:
     figures = run("--pipeline", "1")
     assert figures["kills_per_actor"] == 1

@@ -118,7 +118,9 @@ class LlamaBody(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Any of the four supported architectures; ``ModelConfig`` carries the differences."""
+    """Any of the four supported architectures; ``ModelConfig`` carries the differences.
+    Built to be filled: the embedding's weight starts uninitialised (rt.gpu.loader builds
+    it on the meta device, then loads or draws every weight)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
