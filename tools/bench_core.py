@@ -49,7 +49,7 @@ DUMMY_25M = dict(
 def make_dummy_checkpoint(root: Path, quick: bool) -> Path:
     import transformers
 
-    cfg = dict(DUMMY_25M)
+    cfg: dict[str, Any] = dict(DUMMY_25M)
     if quick:
         cfg.update(hidden_size=128, intermediate_size=352, num_hidden_layers=2, vocab_size=2000)
     torch.manual_seed(0)

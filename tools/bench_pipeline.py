@@ -105,8 +105,8 @@ async def bench(model_path: str | None, tokens: int, quick: bool, rounds: int) -
     for label, batch in (("batched", 64), ("unbatched", 1)):
         async with rt.open_engine(model_path, tokenizer_batch_size=batch, **common) as engine:
             await requests_per_s(engine, 8, 16)  # warm up
-            runs = [await requests_per_s(engine, 64, count) for _ in range(rounds)]
-            out[f"tokenizer_{label}_req_per_s"] = statistics.median(runs)
+            rates = [await requests_per_s(engine, 64, count) for _ in range(rounds)]
+            out[f"tokenizer_{label}_req_per_s"] = statistics.median(rates)
     out["tokenizer_batching_speedup"] = (
         out["tokenizer_batched_req_per_s"] / out["tokenizer_unbatched_req_per_s"]
     )

@@ -91,11 +91,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return run
 
     runner = core.runner
-    runner.build_batch = timed("build", runner.build_batch)  # type: ignore[method-assign]
-    runner.forward = timed("forward", runner.forward)  # type: ignore[method-assign]
+    runner.build_batch = timed("build", runner.build_batch)
+    runner.forward = timed("forward", runner.forward)
     # the draw (on the CPU no overlap: its result is read back at once, a list's worth)
     sample = core_module.sample_async
-    core_module.sample_async = timed("sample", sample)  # type: ignore[assignment]
+    core_module.sample_async = timed("sample", sample)
     try:
         for _ in range(args.steps):
             core.step()
