@@ -33,7 +33,6 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -147,32 +146,36 @@ def time_points(calls: int = 200_000, repeats: int = 5) -> dict[str, float]:
 PIPELINE_ACTORS = ("tokenizer0", "detokenizer", "scheduler")
 
 
+def _successor_ready(status: SupervisorStatus, name: str, killed: int, at: float) -> bool:
+    """Whether an incarnation after ``killed``, killed at ``at``, is ready (``ready_at``
+    stays the killed one's until the successor's is set)."""
+    actor = status.actor(name)
+    ready = actor.ready_at is not None and actor.ready_at > at
+    return actor.incarnation > killed and ready
+
+
 async def measure_pipeline(kills: int) -> dict[str, dict[str, list[float]]]:
     import rt
 
     out: dict[str, dict[str, list[float]]] = {}
-    options: dict[str, Any] = {"max_restarts": 3 * kills + 3, "torch_threads": 1}
-    async with rt.open_engine(**options) as engine:
+    async with rt.open_engine(max_restarts=3 * kills + 3, torch_threads=1) as engine:
+        sup = engine.supervisor
         await engine.generate("warm up", max_new_tokens=2)
         for name in PIPELINE_ACTORS:
             restore, served = [], []
             for _ in range(kills):
-                before = {a.name: a for a in engine.actors()}[name]
+                before = sup.status().actor(name)
                 assert before.pid is not None
                 killed_at = time.monotonic()
                 os.kill(before.pid, signal.SIGKILL)
                 await engine.generate("after a kill", max_new_tokens=2)
                 served.append(time.monotonic() - killed_at)
-                # The supervisor may record the successor's readiness after the request
-                # came back; until then ready_at is the killed incarnation's.
-                ready_at: float | None = None
-                while ready_at is None:
-                    now = {a.name: a for a in engine.actors()}[name]
-                    new = now.incarnation > before.incarnation
-                    if new and now.ready_at is not None and now.ready_at > killed_at:
-                        ready_at = now.ready_at
-                    else:
-                        await trio.sleep(0.01)
+                with trio.fail_after(60):
+                    ready = partial(
+                        _successor_ready, name=name, killed=before.incarnation, at=killed_at
+                    )
+                    ready_at = (await sup.wait_for(ready)).actor(name).ready_at
+                assert ready_at is not None
                 restore.append(ready_at - killed_at)
             out[name] = {"restore": restore, "served": served}
     return out

@@ -56,7 +56,7 @@ def rt_serve_flags() -> tuple[dict[str, str], dict[tuple[str, bool], str]]:
     ``--enable-torch-compile``)."""
     from rt import serve
 
-    names = {flag.option: flag.name for flag in getattr(serve, "ENGINE_FLAGS", ())}
+    names = {flag.option: flag.name for flag in serve.ENGINE_FLAGS}
     switches = {(option, value): name for name, (option, value, _) in serve.SWITCHES.items()}
     return names, switches
 
