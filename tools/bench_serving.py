@@ -16,6 +16,12 @@ mean, p50 and p99; and step→client where the chunks say when the scheduler
 produced them (the engine's do; a server's SSE chunk or WebSocket frame does
 if it carries ``stepped_at``, a time.monotonic() of the server's machine).
 
+Every run (a backend at a concurrency) sends prompts of its own, drawn from
+the seed and the run's place in the list, so that no run finds its prompts in
+a prefix cache an earlier run filled (the servers compared get the same
+prompts for the same run). ``cached %`` is the share of prompt tokens the
+server reports as cached (OpenAI's ``usage.prompt_tokens_details``): ~0 here.
+
     python tools/bench_serving.py --launch rt,transformers --max-concurrency 1,16,64
     python tools/bench_serving.py --url http://127.0.0.1:30000 --request-rate 8 --json
     python tools/bench_serving.py --launch rt --backend openai,ws,engine --max-concurrency 256 \\
@@ -176,6 +182,7 @@ class Record:
     latency: float = 0.0
     step_to_client: list[float] = field(default_factory=list)
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens the server found in its prefix cache
     _last: float = 0.0
 
     def chunk(self, now: float) -> None:
@@ -205,6 +212,7 @@ def summarize(records: Sequence[Record], duration: float) -> dict[str, Any]:
     """The figures of one run. Throughputs count completed requests only."""
     ok = [r for r in records if r.error is None]
     duration = max(duration, 1e-9)
+    prompts = sum(r.prompt_tokens for r in ok)
     tpot = [
         (r.latency - r.ttft) / (r.output_tokens - 1)
         for r in ok
@@ -219,6 +227,7 @@ def summarize(records: Sequence[Record], duration: float) -> dict[str, Any]:
         "output_throughput": sum(r.output_tokens for r in ok) / duration,
         "total_input_tokens": sum(r.prompt_tokens for r in ok),
         "total_output_tokens": sum(r.output_tokens for r in ok),
+        "cached_percent": 100 * sum(r.cached_tokens for r in ok) / prompts if prompts else None,
         "ttft_ms": describe([r.ttft for r in ok if r.ttft is not None]),
         "itl_ms": describe([gap for r in ok for gap in r.itl]),
         "tpot_ms": describe(tpot),
@@ -276,6 +285,8 @@ async def openai_request(
     if usage:
         record.output_tokens = int(usage["completion_tokens"])
         record.prompt_tokens = int(usage.get("prompt_tokens", record.prompt_tokens))
+        details = usage.get("prompt_tokens_details") or {}
+        record.cached_tokens = int(details.get("cached_tokens") or 0)
     else:  # no usage: count what came back with this tool's tokenizer
         record.output_tokens = count("".join(texts))
     return record
@@ -297,7 +308,9 @@ async def ws_request(client: Any, spec: RequestSpec) -> Record:
         record.error = f"{type(err).__name__}: {err}"
         return record
     record.finish(time.perf_counter())
-    record.prompt_tokens = int((stream.meta_info or {}).get("prompt_tokens", spec.prompt_len))
+    meta = stream.meta_info or {}
+    record.prompt_tokens = int(meta.get("prompt_tokens", spec.prompt_len))
+    record.cached_tokens = int(meta.get("cached_tokens") or 0)
     return record
 
 
@@ -305,10 +318,11 @@ async def engine_request(engine: Any, spec: RequestSpec) -> Record:
     from rt import errors
 
     record = Record(spec.prompt_len, start=time.perf_counter())
+    stream = engine.stream(
+        spec.prompt, max_new_tokens=spec.output_len, ignore_eos=True, temperature=0.0
+    )
     try:
-        async for chunk in engine.stream(
-            spec.prompt, max_new_tokens=spec.output_len, ignore_eos=True, temperature=0.0
-        ):
+        async for chunk in stream:
             if chunk.output_ids:
                 record.chunk(time.perf_counter())
                 record.output_tokens += len(chunk.output_ids)
@@ -318,6 +332,7 @@ async def engine_request(engine: Any, spec: RequestSpec) -> Record:
         record.error = f"{type(err).__name__}: {err}"
         return record
     record.finish(time.perf_counter())
+    record.cached_tokens = stream.meta.cached_tokens if stream.meta is not None else 0
     return record
 
 
@@ -354,7 +369,7 @@ async def bench_http(
     url: str,
     backend: str,
     body: Callable[[RequestSpec], Any],
-    load: Workload,
+    loads: Sequence[Workload],
 ) -> list[dict[str, Any]]:
     import httpx
 
@@ -364,7 +379,7 @@ async def bench_http(
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     out = []
     async with httpx.AsyncClient(timeout=None, limits=limits, headers=headers) as http:
-        for concurrency in args.max_concurrency:
+        for concurrency, load in zip(args.max_concurrency, loads, strict=True):
             if backend == "ws":
                 async with connect(url, api_key=args.api_key) as client:
                     out.append(await measure(load, partial(ws_request, client), concurrency))
@@ -378,12 +393,15 @@ async def bench_http(
     return out
 
 
-async def bench_engine(args: argparse.Namespace, load: Workload) -> list[dict[str, Any]]:
+async def bench_engine(args: argparse.Namespace, loads: Sequence[Workload]) -> list[dict[str, Any]]:
     import rt
 
     async with rt.open_engine(args.model_path, **args.rt_options) as engine:
         send = partial(engine_request, engine)
-        return [await measure(load, send, c) for c in args.max_concurrency]
+        return [
+            await measure(load, send, c)
+            for c, load in zip(args.max_concurrency, loads, strict=True)
+        ]
 
 
 async def measure(load: Workload, send: Send, concurrency: int) -> dict[str, Any]:
@@ -483,8 +501,16 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     args.count_tokens = lambda text: len(encode(text))
     n, lens = args.num_prompts, (args.input_len, args.output_len, args.range_ratio)
     warm = args.warmup if args.warmup is not None else (max(args.max_concurrency) or n)
-    specs = make_requests(n + warm, *lens, args.seed, vocab, encode, tokenizer.decode)
-    load = Workload(specs[:n], specs[n:], args.warmup, args.request_rate, args.seed)
+
+    def loads(first: int) -> list[Workload]:
+        """Fresh prompts for each concurrency of one backend: runs ``first``, ``first + 1``, …."""
+        out = []
+        for k in range(first, first + len(args.max_concurrency)):
+            seed = args.seed + 1_000_003 * k
+            specs = make_requests(n + warm, *lens, seed, vocab, encode, tokenizer.decode)
+            out.append(Workload(specs[:n], specs[n:], args.warmup, args.request_rate, args.seed))
+        return out
+
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     runs: list[dict[str, Any]] = []
     http_backends = [b for b in args.backends if b != "engine"]
@@ -495,11 +521,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             model = args.model_name or (model_path if kind == "transformers" else None)
             model = model or served_model(base, headers)
             body = partial(completion_body, flavor, model, extra=args.extra_body)
-            for backend in http_backends:
-                for result in trio.run(bench_http, args, base, backend, body, load):
+            for b, backend in enumerate(http_backends):
+                own = loads(b * len(args.max_concurrency))
+                for result in trio.run(bench_http, args, base, backend, body, own):
                     runs.append({"server": url or kind, "backend": backend, **result})
     if "engine" in args.backends:
-        for result in trio.run(bench_engine, args, load):
+        own = loads(len(http_backends) * len(args.max_concurrency))
+        for result in trio.run(bench_engine, args, own):
             runs.append({"server": "rt in-process", "backend": "engine", **result})
     skip = ("count_tokens", "rt_option", "backend", "launch")
     return {
@@ -527,6 +555,7 @@ def launch_or_attach(
 COLUMNS = [  # (heading, key, statistic or None, format)
     ("conc", "max_concurrency", None, "{}"),
     ("ok", "completed", None, "{}"),
+    ("cached %", "cached_percent", None, "{:.0f}"),
     ("req/s", "request_throughput", None, "{:.2f}"),
     ("in tok/s", "input_throughput", None, "{:.0f}"),
     ("out tok/s", "output_throughput", None, "{:.0f}"),

@@ -127,7 +127,7 @@ def test_the_summary_counts_completed_requests_and_their_figures() -> None:
     def record(ttft: float, latency: float, tokens: int) -> object:
         return bs.Record(
             prompt_tokens=10, output_tokens=tokens, ttft=ttft, itl=[0.01] * (tokens - 1),
-            latency=latency, step_to_client=[0.002],
+            latency=latency, step_to_client=[0.002], cached_tokens=tokens // 10,
         )  # fmt: skip
 
     failed = bs.Record(prompt_tokens=10, error="HTTP 503: overloaded")
@@ -143,8 +143,10 @@ def test_the_summary_counts_completed_requests_and_their_figures() -> None:
     assert out["e2e_ms"]["p99"] == pytest.approx(2288.0)  # numpy's linear interpolation
     assert out["step_to_client_ms"]["p50"] == pytest.approx(2.0)
     assert out["errors"] == ["HTTP 503: overloaded"]
+    assert out["cached_percent"] == pytest.approx(100 * 3 / 20)  # of the completed prompts
     empty = bs.summarize([], duration=0.0)
     assert empty["completed"] == 0 and empty["ttft_ms"] is None and empty["tpot_ms"] is None
+    assert empty["cached_percent"] is None
 
 
 async def test_the_load_keeps_concurrency_and_arrival_times(
@@ -257,3 +259,6 @@ def test_the_command_launches_rt_serve_and_drives_sse_and_the_websocket() -> Non
         assert run["total_output_tokens"] == 4 * 4  # ignore_eos: exactly the lengths asked
         assert run["total_input_tokens"] >= 4 * 8
         assert 0 < run["ttft_ms"]["p50"] <= run["e2e_ms"]["p50"]
+        # the ws run's prompts are its own, not the openai run's, which the prefix
+        # cache holds: at most the BOS token every prompt starts with is cached
+        assert run["cached_percent"] <= 100 * 4 / run["total_input_tokens"]
