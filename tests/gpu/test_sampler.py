@@ -27,6 +27,18 @@ def test_seeded_uniform_is_pure_and_uniform() -> None:
     assert big.shape == (1, 8)
 
 
+def test_seeded_uniform_hashes_in_place_but_never_its_inputs() -> None:
+    # the hash overwrites its [batch, vocab] tensors as it goes (allocation was half
+    # the draw's time at batch 64); the caller's seeds and positions stay as they were
+    seeds, positions = torch.tensor([5, (1 << 40) + 7]), torch.tensor([3, 9])
+    kept = seeds.clone(), positions.clone()
+    first = seeded_uniform(seeds, positions, 64)
+    assert torch.equal(seeds, kept[0]) and torch.equal(positions, kept[1])
+    assert torch.equal(first, seeded_uniform(seeds, positions, 64))
+    # and a draw does not change the next one's noise (the token ids' part is kept)
+    assert torch.equal(first[1:], seeded_uniform(seeds[1:], positions[1:], 64))
+
+
 # One distribution, its ids shuffled so that the filters' sort and scatter matter:
 #   id:    0     1     2     3     4
 #   p:   0.08  0.45  0.02  0.30  0.15
