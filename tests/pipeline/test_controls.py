@@ -17,6 +17,9 @@ from rt.actors import ActorState
 OPTIONS: dict[str, Any] = dict(max_total_tokens=8192, ring_capacity=1 << 20)
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 4
 GREEDY: dict[str, Any] = dict(max_new_tokens=40, ignore_eos=True, temperature=0.0)
+# A request the pause must catch running: 40 tokens of the tiny model can all come
+# (~1–2 ms a step) before a pause polled for and sent after the first ones lands.
+LONG: dict[str, Any] = dict(GREEDY, max_new_tokens=400)  # 52 prompt tokens + 400 < 512
 
 
 async def first_chunks(stream: rt.Stream, count: int) -> list[rt.Chunk]:
@@ -73,8 +76,8 @@ async def test_flush_cache_drops_cached_prefixes_only_when_idle(tiny_model) -> N
 
 async def test_pause_holds_every_request_and_continue_finishes_them_unchanged(tiny_model) -> None:
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine, trio.open_nursery() as n:
-        want = await engine.generate(PROMPT, **GREEDY)
-        running = Reader(engine.stream(PROMPT, **GREEDY))
+        want = await engine.generate(PROMPT, **LONG)
+        running = Reader(engine.stream(PROMPT, **LONG))
         n.start_soon(running.run)
         with trio.fail_after(30):
             while len(running.ids) < 2:
@@ -99,14 +102,14 @@ async def test_pause_holds_every_request_and_continue_finishes_them_unchanged(ti
         with trio.fail_after(30):
             await running.done.wait()
         assert running.ids == list(want.output_ids)
-        assert (await engine.generate(PROMPT, **GREEDY)).output_ids == want.output_ids
+        assert (await engine.generate(PROMPT, **LONG)).output_ids == want.output_ids
         await engine.continue_generation()  # a no-op when not paused
 
 
 async def test_a_restarted_scheduler_stays_paused(tiny_model) -> None:
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine, trio.open_nursery() as n:
-        want = await engine.generate(PROMPT, **GREEDY)
-        reader = Reader(engine.stream(PROMPT, **GREEDY))
+        want = await engine.generate(PROMPT, **LONG)
+        reader = Reader(engine.stream(PROMPT, **LONG))
         n.start_soon(reader.run)
         with trio.fail_after(30):
             while not reader.ids:
