@@ -68,7 +68,7 @@ def sample_ref(
 
 @triton.jit
 def _mix32(x):
-    # rt.gpu.sampler._mix32 on uint32: products wrap mod 2**32, its `& 0xFFFFFFFF`
+    # rt.gpu.sampler._mix32_ on uint32: products wrap mod 2**32, its `& 0xFFFFFFFF`
     x = x ^ (x >> 16)
     x = x * 0x7FEB352D
     x = x ^ (x >> 15)

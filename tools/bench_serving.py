@@ -20,7 +20,8 @@ Every run (a backend at a concurrency) sends prompts of its own, drawn from
 the seed and the run's place in the list, so that no run finds its prompts in
 a prefix cache an earlier run filled (the servers compared get the same
 prompts for the same run). ``cached %`` is the share of prompt tokens the
-server reports as cached (OpenAI's ``usage.prompt_tokens_details``): ~0 here.
+server reports as cached (OpenAI's ``usage.prompt_tokens_details``; ``-``
+where it says nothing): for rt ~1 token a request, the BOS they all share.
 
     python tools/bench_serving.py --launch rt,transformers --max-concurrency 1,16,64
     python tools/bench_serving.py --url http://127.0.0.1:30000 --request-rate 8 --json
@@ -55,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, launch_
 from launch_servers import (
     free_port,
     launched,
+    parse_options,
     served_model,
     server_command,
 )
@@ -101,11 +103,16 @@ def make_requests(
     vocab: Sequence[int],
     encode: Callable[[str], list[int]],
     decode: Callable[[list[int]], str],
+    prompt_seed: int | None = None,
 ) -> list[RequestSpec]:
-    """Prompts of random tokens from ``vocab`` (no prefix shared by design)."""
+    """Prompts of random tokens from ``vocab`` (no prefix shared by design). The
+    lengths come from ``seed``, the tokens from ``prompt_seed`` (default: ``seed``):
+    runs given the same seed and prompt seeds of their own ask for the same lengths."""
     rng = random.Random(seed)
     inputs = sample_lengths(n, input_len, range_ratio, rng)
     outputs = sample_lengths(n, output_len, range_ratio, rng)
+    if prompt_seed is not None:
+        rng = random.Random(prompt_seed)
     specs = []
     for in_len, out_len in zip(inputs, outputs, strict=True):
         text, actual = fit_prompt([rng.choice(vocab) for _ in range(in_len)], encode, decode)
@@ -182,7 +189,7 @@ class Record:
     latency: float = 0.0
     step_to_client: list[float] = field(default_factory=list)
     error: str | None = None
-    cached_tokens: int = 0  # prompt tokens the server found in its prefix cache
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache, if told
     _last: float = 0.0
 
     def chunk(self, now: float) -> None:
@@ -213,6 +220,7 @@ def summarize(records: Sequence[Record], duration: float) -> dict[str, Any]:
     ok = [r for r in records if r.error is None]
     duration = max(duration, 1e-9)
     prompts = sum(r.prompt_tokens for r in ok)
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
     tpot = [
         (r.latency - r.ttft) / (r.output_tokens - 1)
         for r in ok
@@ -227,7 +235,7 @@ def summarize(records: Sequence[Record], duration: float) -> dict[str, Any]:
         "output_throughput": sum(r.output_tokens for r in ok) / duration,
         "total_input_tokens": sum(r.prompt_tokens for r in ok),
         "total_output_tokens": sum(r.output_tokens for r in ok),
-        "cached_percent": 100 * sum(r.cached_tokens for r in ok) / prompts if prompts else None,
+        "cached_percent": 100 * sum(cached) / prompts if prompts and cached else None,
         "ttft_ms": describe([r.ttft for r in ok if r.ttft is not None]),
         "itl_ms": describe([gap for r in ok for gap in r.itl]),
         "tpot_ms": describe(tpot),
@@ -286,7 +294,8 @@ async def openai_request(
         record.output_tokens = int(usage["completion_tokens"])
         record.prompt_tokens = int(usage.get("prompt_tokens", record.prompt_tokens))
         details = usage.get("prompt_tokens_details") or {}
-        record.cached_tokens = int(details.get("cached_tokens") or 0)
+        if details.get("cached_tokens") is not None:
+            record.cached_tokens = int(details["cached_tokens"])
     else:  # no usage: count what came back with this tool's tokenizer
         record.output_tokens = count("".join(texts))
     return record
@@ -310,7 +319,8 @@ async def ws_request(client: Any, spec: RequestSpec) -> Record:
     record.finish(time.perf_counter())
     meta = stream.meta_info or {}
     record.prompt_tokens = int(meta.get("prompt_tokens", spec.prompt_len))
-    record.cached_tokens = int(meta.get("cached_tokens") or 0)
+    if meta.get("cached_tokens") is not None:
+        record.cached_tokens = int(meta["cached_tokens"])
     return record
 
 
@@ -332,7 +342,8 @@ async def engine_request(engine: Any, spec: RequestSpec) -> Record:
         record.error = f"{type(err).__name__}: {err}"
         return record
     record.finish(time.perf_counter())
-    record.cached_tokens = stream.meta.cached_tokens if stream.meta is not None else 0
+    if stream.meta is not None:
+        record.cached_tokens = stream.meta.cached_tokens
     return record
 
 
@@ -422,27 +433,6 @@ async def measure(load: Workload, send: Send, concurrency: int) -> dict[str, Any
 # ---- the command ------------------------------------------------------------------
 
 
-def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; a value is an int, a float, true/false, or a string."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--rt-option takes KEY=VALUE, got {pair!r}")
-        value: Any = raw
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        else:
-            for kind in (int, float):
-                try:
-                    value = kind(raw)
-                    break
-                except ValueError:
-                    pass
-        out[key] = value
-    return out
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -503,17 +493,18 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     warm = args.warmup if args.warmup is not None else (max(args.max_concurrency) or n)
 
     def loads(first: int) -> list[Workload]:
-        """Fresh prompts for each concurrency of one backend: runs ``first``, ``first + 1``, …."""
+        """Fresh prompts, of the same lengths, for each concurrency of one backend."""
         out = []
         for k in range(first, first + len(args.max_concurrency)):
-            seed = args.seed + 1_000_003 * k
-            specs = make_requests(n + warm, *lens, seed, vocab, encode, tokenizer.decode)
+            own = args.seed + 1_000_003 * (k + 1)
+            specs = make_requests(n + warm, *lens, args.seed, vocab, encode, tokenizer.decode, own)
             out.append(Workload(specs[:n], specs[n:], args.warmup, args.request_rate, args.seed))
         return out
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     runs: list[dict[str, Any]] = []
     http_backends = [b for b in args.backends if b != "engine"]
+    per_backend = [loads(b * len(args.max_concurrency)) for b in range(len(http_backends))]
     targets = [(k, None) for k in args.launches] or [("url", args.url)]
     for kind, url in targets if http_backends else []:
         with launch_or_attach(kind, url, model_path, args, headers) as base:
@@ -521,8 +512,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             model = args.model_name or (model_path if kind == "transformers" else None)
             model = model or served_model(base, headers)
             body = partial(completion_body, flavor, model, extra=args.extra_body)
-            for b, backend in enumerate(http_backends):
-                own = loads(b * len(args.max_concurrency))
+            for backend, own in zip(http_backends, per_backend, strict=True):
                 for result in trio.run(bench_http, args, base, backend, body, own):
                     runs.append({"server": url or kind, "backend": backend, **result})
     if "engine" in args.backends:

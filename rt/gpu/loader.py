@@ -75,7 +75,9 @@ def _column_major(model: nn.Module) -> None:
         for module in model.modules():
             if isinstance(module, nn.Linear):
                 weight = module.weight
-                module.weight = nn.Parameter(weight.t().contiguous().t(), requires_grad=False)
+                module.weight = nn.Parameter(
+                    weight.t().contiguous().t(), requires_grad=weight.requires_grad
+                )
 
 
 def _allocate(model: nn.Module, device: torch.device) -> None:

@@ -17,7 +17,7 @@ from rt.gpu.sampling_params import SEED_MASK, SamplingParams
 _M32 = 0xFFFFFFFF
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
     """A lowbias32-style finalizer, in place: ``x`` (int64, values < 2**32) is
     overwritten. Constants < 2**31, so int64 products never overflow. In place
     because the [batch, vocab] tensors are large: a fresh one per operation cost
@@ -47,11 +47,11 @@ def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
 def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Uniforms in (0, 1), [batch, vocab_size] float32, from (seed, position, token id) only."""
     seeds = seeds.to(torch.int64)
-    row = _mix32(positions.to(torch.int64) & _M32) ^ (seeds >> 32)
-    row = _mix32(_mix32(row) ^ (seeds & _M32))
-    h = _mix32(row[:, None] ^ _vocab_term(vocab_size, seeds.device)[None, :])
+    row = _mix32_(positions.to(torch.int64) & _M32) ^ (seeds >> 32)
+    row = _mix32_(_mix32_(row) ^ (seeds & _M32))
+    h = _mix32_(row[:, None] ^ _vocab_term(vocab_size, seeds.device)[None, :])
     h ^= 0x2545F491
-    h = _mix32(h)
+    h = _mix32_(h)
     # 23 bits: (h >> 9) + 0.5 is exact in float32, so u <= 1 - 2**-24 < 1. (With 24 bits the
     # top value rounded up to 1.0: noise +inf, which picked even a suppressed token.)
     h >>= 9

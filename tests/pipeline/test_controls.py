@@ -76,7 +76,8 @@ async def test_flush_cache_drops_cached_prefixes_only_when_idle(tiny_model) -> N
 
 async def test_pause_holds_every_request_and_continue_finishes_them_unchanged(tiny_model) -> None:
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine, trio.open_nursery() as n:
-        want = await engine.generate(PROMPT, **LONG)
+        await engine.generate(PROMPT, **LONG)  # fills the prefix cache, then: as the others
+        want = await engine.generate(PROMPT, **LONG)  # (their last prompt token, one row)
         running = Reader(engine.stream(PROMPT, **LONG))
         n.start_soon(running.run)
         with trio.fail_after(30):

@@ -62,6 +62,11 @@ def test_requests_are_reproducible_and_within_the_lengths_asked() -> None:
 
     specs = make(1)
     assert specs == make(1) and specs != make(2)
+    # a prompt seed of its own: other prompts, the same lengths (one run's, beside another's)
+    own = bs.make_requests(20, 30, 10, 0.5, 1, range(3, 50), encode, decode, prompt_seed=9)
+    assert [s.prompt for s in own] != [s.prompt for s in specs]
+    assert [s.output_len for s in own] == [s.output_len for s in specs]
+    assert [len(s.prompt.split()) for s in own] == [len(s.prompt.split()) for s in specs]
     assert all(15 <= s.prompt_len <= 30 and 5 <= s.output_len <= 10 for s in specs)
     assert all(s.prompt_len == len(encode(s.prompt)) for s in specs)
     assert all(min(encode(s.prompt)) >= 3 for s in specs)  # only ids of the vocab given
@@ -147,6 +152,8 @@ def test_the_summary_counts_completed_requests_and_their_figures() -> None:
     empty = bs.summarize([], duration=0.0)
     assert empty["completed"] == 0 and empty["ttft_ms"] is None and empty["tpot_ms"] is None
     assert empty["cached_percent"] is None
+    untold = bs.summarize([bs.Record(prompt_tokens=10, output_tokens=2, ttft=0.1)], 1.0)
+    assert untold["cached_percent"] is None  # a server that does not say: "-", not 0
 
 
 async def test_the_load_keeps_concurrency_and_arrival_times(
@@ -260,5 +267,6 @@ def test_the_command_launches_rt_serve_and_drives_sse_and_the_websocket() -> Non
         assert run["total_input_tokens"] >= 4 * 8
         assert 0 < run["ttft_ms"]["p50"] <= run["e2e_ms"]["p50"]
         # the ws run's prompts are its own, not the openai run's, which the prefix
-        # cache holds: at most the BOS token every prompt starts with is cached
-        assert run["cached_percent"] <= 100 * 4 / run["total_input_tokens"]
+        # cache holds (then ~90 % of its prompt tokens were cached): the BOS token
+        # every prompt starts with, and a chance first token or two, at most
+        assert run["cached_percent"] < 25
