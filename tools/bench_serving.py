@@ -328,10 +328,10 @@ async def engine_request(engine: Any, spec: RequestSpec) -> Record:
     from rt import errors
 
     record = Record(spec.prompt_len, start=time.perf_counter())
-    stream = engine.stream(
-        spec.prompt, max_new_tokens=spec.output_len, ignore_eos=True, temperature=0.0
-    )
-    try:
+    try:  # (a request the engine refuses raises here, as the stream is made)
+        stream = engine.stream(
+            spec.prompt, max_new_tokens=spec.output_len, ignore_eos=True, temperature=0.0
+        )
         async for chunk in stream:
             if chunk.output_ids:
                 record.chunk(time.perf_counter())
