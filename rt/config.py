@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rt.actors.affinity import parse_cpu_list
 from rt.errors import ConfigError
 
 
@@ -56,6 +57,12 @@ class EngineOptions(BaseModel):
     # host whose cores other processes share, 1 avoids OpenMP threads waiting on each other
     # (docs/benchmarks.md: several times faster on a loaded 2-core machine)
     torch_threads: int | None = Field(None, ge=1)
+    scheduler_cpus: str | None = Field(
+        None,
+        description="pin the scheduler to these CPUs ('1', '2-7') and the engine's other "
+        "processes to the rest of this process's CPUs; for a host the engine has to itself "
+        "(None: no pinning). torch_threads then defaults to their number",
+    )
     overlap_schedule: bool | None = Field(
         None,
         description="launch a step before reading the last one's tokens; None: on CUDA only",
@@ -100,6 +107,13 @@ class EngineOptions(BaseModel):
     fault_plan: Any = Field(None, description="a FaultPlan, or a path to one (JSON or TOML)")
     ring_capacity: int = Field(1 << 22, ge=1 << 12)
 
+    @field_validator("scheduler_cpus")
+    @classmethod
+    def _cpu_list(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_cpu_list(value)  # a ConfigError is a ValueError: pydantic reports it
+        return value
+
     @classmethod
     def build(cls, **options: Any) -> EngineOptions:
         try:
@@ -131,6 +145,10 @@ class EngineOptions(BaseModel):
         context = self.context_length or int(config.get("max_position_embeddings", 2048))
         return context, int(config["vocab_size"])
 
+    def _scheduler_threads(self) -> int | None:
+        """One torch thread per CPU the scheduler is pinned to."""
+        return None if self.scheduler_cpus is None else len(parse_cpu_list(self.scheduler_cpus))
+
     def engine_config(self) -> Any:
         """The engine core's configuration (imported lazily: it pulls in torch)."""
         from rt.gpu.engine_config import EngineConfig
@@ -152,7 +170,7 @@ class EngineOptions(BaseModel):
             enable_prefix_cache=self.enable_prefix_cache,
             context_length=self.context_length,
             seed=self.seed,
-            torch_threads=self.torch_threads,
+            torch_threads=self.torch_threads or self._scheduler_threads(),
             overlap_schedule=self.overlap_schedule,
             cuda_graph=self.cuda_graph,
             cuda_graph_max_bs=self.cuda_graph_max_bs,

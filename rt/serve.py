@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from rt import errors
+from rt.actors.affinity import format_cpu_list, pin_process, split_cpus
 from rt.config import EngineOptions
 from rt.http.settings import Settings
 
@@ -87,6 +88,13 @@ ENGINE_FLAGS = (
         "torch_threads",
         int,
         "torch's threads in the scheduler (default: one per core; 1 on a shared, loaded host)",
+    ),
+    Flag(
+        "--scheduler-cpus",
+        "scheduler_cpus",
+        str,
+        "pin the scheduler to these CPUs (e.g. 1, or 2-7) and the rest of the server to the "
+        "other CPUs; for a host the server has to itself (default: no pinning)",
     ),
     Flag(
         "--max-running-requests",
@@ -339,6 +347,14 @@ async def serve(options: dict[str, Any], settings: Settings) -> None:
                 ticker.cancel()
                 actors = ", ".join(f"{a.name} (pid {a.pid})" for a in engine.actors())
                 log.info("engine up in %.1f s: %s", time.monotonic() - started, actors)
+                if checked.scheduler_cpus is not None:
+                    mine, rest = split_cpus(checked.scheduler_cpus)
+                    pin_process(rest)  # the front: off the scheduler's CPUs, as its actors
+                    log.info(
+                        "pinned: the scheduler to CPUs %s, the front and the other actors to %s",
+                        format_cpu_list(mine),
+                        format_cpu_list(rest),
+                    )
                 async with trio.open_nursery() as server:
                     address = await server.start(serve_http, engine, settings)
                     log.info("rt-serve ready on %s", address)

@@ -54,6 +54,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, launch_servers
 from launch_servers import (
+    client_pinned,
     free_port,
     launched,
     parse_options,
@@ -457,6 +458,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--max-concurrency", default="0", help="a limit, or a list run in turn (1,16,64); 0: none")
     add("--warmup", type=int, help="requests before each run, not measured (default: conc)")
     add("--torch-threads", type=int, help="OMP_NUM_THREADS for the servers and actors started")
+    add("--client-cpus", help="pin this tool to these CPUs ('0') while it sends HTTP load")
     add("--seed", type=int, default=0)
     add("--launch-timeout", type=float, default=300.0)
     add("--json", action="store_true", help="print one JSON document")
@@ -513,8 +515,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             model = model or served_model(base, headers)
             body = partial(completion_body, flavor, model, extra=args.extra_body)
             for backend, own in zip(http_backends, per_backend, strict=True):
-                for result in trio.run(bench_http, args, base, backend, body, own):
-                    runs.append({"server": url or kind, "backend": backend, **result})
+                with client_pinned(args.client_cpus):
+                    results = trio.run(bench_http, args, base, backend, body, own)
+                runs += [{"server": url or kind, "backend": backend, **r} for r in results]
     if "engine" in args.backends:
         own = loads(len(http_backends) * len(args.max_concurrency))
         for result in trio.run(bench_engine, args, own):

@@ -4,6 +4,7 @@ healthy before the load starts and stopped after."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -21,6 +22,25 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def client_pinned(cpus: str | None) -> Iterator[None]:
+    """This process (the load generator) pinned to ``cpus`` for a while (None: not
+    pinned): a server started with ``--scheduler-cpus`` keeps its scheduler's CPUs
+    to itself only if the client on the same host stays off them too. The servers
+    are started outside, so they keep every CPU."""
+    if cpus is None:
+        yield
+        return
+    from rt.actors.affinity import parse_cpu_list, pin_process
+
+    before = os.sched_getaffinity(0)
+    pin_process(parse_cpu_list(cpus))
+    try:
+        yield
+    finally:
+        pin_process(before)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import cloudpickle
 import trio
 
 from rt.actors import boot as wire
+from rt.actors.affinity import format_cpu_list, pin_process
 from rt.actors.boot import ChildBoot
 from rt.errors import ActorStartupError
 
@@ -143,8 +144,10 @@ async def spawn(
     pass_fds: Sequence[int] = (),
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 60.0,
+    cpus: Sequence[int] | None = None,
 ) -> ChildProcess:
-    """Start a child running ``boot``'s actor and wait until it reports ready."""
+    """Start a child running ``boot``'s actor and wait until it reports ready;
+    pinned to ``cpus`` (before it starts a thread: its interpreter is starting)."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         popen = subprocess.Popen(
@@ -172,6 +175,14 @@ async def spawn(
     parent_end.setblocking(False)
     proc = ChildProcess(popen, parent_end, boot.name)
     try:
+        if cpus is not None:
+            try:
+                pin_process(cpus, popen.pid)
+            except OSError as err:  # a CPU taken offline since the engine started
+                raise ActorStartupError(
+                    f"actor {boot.name!r} (pid {popen.pid}): cannot pin it to CPUs "
+                    f"{format_cpu_list(cpus)}: {err}"
+                ) from err
         # A child that died at once breaks the pipe: the handshake then reads EOF
         # and says how it exited.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):

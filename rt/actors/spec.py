@@ -57,7 +57,8 @@ class ActorSpec:
     attaches a receiver to each inbox and a sender to each outbox.
     ``watchdog_timeout`` (seconds without a heartbeat before SIGKILL) and
     ``shutdown_grace`` (seconds between SIGTERM and SIGKILL) default to the
-    supervisor's when None.
+    supervisor's when None. ``cpus``: the CPUs the child (each incarnation) is
+    pinned to; None: wherever the parent may run.
     """
 
     name: str
@@ -71,6 +72,7 @@ class ActorSpec:
     watchdog_timeout: float | None = None
     shutdown_grace: float | None = None
     startup_timeout: float = 60.0
+    cpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or any(c.isspace() for c in self.name):
@@ -88,6 +90,12 @@ class ActorSpec:
                 raise ConfigError(f"actor {self.name!r}: {what} must be > 0 s, got {value}")
         if self.startup_timeout <= 0:
             raise ConfigError(f"actor {self.name!r}: startup_timeout must be > 0 s")
+        if self.cpus is not None:
+            object.__setattr__(self, "cpus", tuple(self.cpus))
+            if not self.cpus or any(not isinstance(c, int) or c < 0 for c in self.cpus):
+                raise ConfigError(
+                    f"actor {self.name!r}: cpus must be CPU numbers >= 0, got {self.cpus!r}"
+                )
 
 
 @dataclass(frozen=True)

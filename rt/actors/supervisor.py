@@ -308,7 +308,11 @@ class Supervisor:
         fds = [fd for r in (*spec.inboxes, *spec.outboxes) for fd in self._rings[r].fds]
         try:
             proc = await spawn(
-                boot, pass_fds=fds, env=spec.env, startup_timeout=spec.startup_timeout
+                boot,
+                pass_fds=fds,
+                env=spec.env,
+                startup_timeout=spec.startup_timeout,
+                cpus=spec.cpus,
             )
         except ActorStartupError as err:
             first_line = str(err).partition("\n")[0]  # the traceback follows it

@@ -11,6 +11,7 @@ for one: a child's death restarts it alone.
 from __future__ import annotations
 
 from rt.actors import ActorSpec, RingDecl, Strategy, SupervisorSpec
+from rt.actors.affinity import split_cpus
 from rt.config import EngineOptions
 from rt.pipeline.detokenizer import DetokenizerActor
 from rt.pipeline.scheduler import SchedulerActor
@@ -28,6 +29,9 @@ def supervisor_spec(options: EngineOptions) -> SupervisorSpec:
     context_length, vocab_size = options.model_limits()
     tokenizer_path = options.resolved_tokenizer_path()
     cap = options.ring_capacity
+    sched_cpus = other_cpus = None
+    if options.scheduler_cpus is not None:
+        sched_cpus, other_cpus = split_cpus(options.scheduler_cpus)
     rings = [
         RingDecl(name, cap) for name in ("front-sched", "sched-detok", "front-detok", "detok-front")
     ]
@@ -53,6 +57,7 @@ def supervisor_spec(options: EngineOptions) -> SupervisorSpec:
                 ),
                 inboxes=(f"front-tok{i}",),
                 outboxes=(f"tok{i}-sched", f"tok{i}-front"),
+                cpus=other_cpus,
             )
         )
     sched_inboxes = (*(f"tok{i}-sched" for i in range(workers)), "front-sched")
@@ -63,6 +68,7 @@ def supervisor_spec(options: EngineOptions) -> SupervisorSpec:
         inboxes=sched_inboxes,
         outboxes=("sched-detok",),
         startup_timeout=600.0,
+        cpus=sched_cpus,
     )
     detokenizer = ActorSpec(
         name=DETOKENIZER,
@@ -70,6 +76,7 @@ def supervisor_spec(options: EngineOptions) -> SupervisorSpec:
         args=(tokenizer_path,),
         inboxes=("sched-detok", "front-detok"),
         outboxes=("detok-front",),
+        cpus=other_cpus,
     )
     return SupervisorSpec(
         children=(detokenizer, scheduler, *tokenizers),

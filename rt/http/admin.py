@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ import trio
 
 import rt
 from rt import errors
+from rt.actors.affinity import format_cpu_list
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.front import Front, http_error
 from rt.http.generation import Job, run
@@ -78,11 +80,22 @@ async def server_info(front: Front, ex: Exchange) -> None:
                     "restart_count": a.restart_count,
                     "last_exit_reason": a.last_exit_reason,
                     "heartbeat_age": a.heartbeat_age,
+                    "cpus": _cpus(a.pid),
                 }
                 for a in front.engine.actors()
             ],
         }
     )
+
+
+def _cpus(pid: int | None) -> str | None:
+    """The CPUs a running actor may use, as ``taskset -c`` lists them."""
+    if pid is None:
+        return None
+    try:
+        return format_cpu_list(os.sched_getaffinity(pid))
+    except OSError:  # it exited since the supervisor's last look
+        return None
 
 
 def _struct(stats: Any) -> dict[str, Any]:

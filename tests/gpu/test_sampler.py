@@ -39,6 +39,20 @@ def test_seeded_uniform_hashes_in_place_but_never_its_inputs() -> None:
     assert torch.equal(first[1:], seeded_uniform(seeds[1:], positions[1:], 64))
 
 
+def test_seeded_uniform_draws_the_same_noise_as_every_earlier_release() -> None:
+    # a seeded request's tokens are a pure function of (seed, position, logits) across
+    # releases too, and the Triton kernel's draw (kernels/sampling.py) is checked against
+    # this one: pinned values, (k + 0.5) / 2**23, that a change to the hash must not move
+    seeds, positions = torch.tensor([0, 12345, (1 << 62) + 3]), torch.tensor([0, 7, 10**6])
+    k = [
+        [3219122, 6922862, 6162639, 6292973, 3175161],
+        [2317493, 7629689, 4342190, 24798, 5819104],
+        [4260733, 7423872, 6420657, 4365137, 234902],
+    ]
+    expected = (torch.tensor(k, dtype=torch.float64) + 0.5) / (1 << 23)
+    assert torch.equal(seeded_uniform(seeds, positions, 5).double(), expected)
+
+
 # One distribution, its ids shuffled so that the filters' sort and scatter matter:
 #   id:    0     1     2     3     4
 #   p:   0.08  0.45  0.02  0.30  0.15

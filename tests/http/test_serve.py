@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from serverlib import SLOW_STEPS, alive, children_of, start_server, write_plan
+from serverlib import SLOW_STEPS, alive, children_of, running_server, start_server, write_plan
 
 from rt.config import EngineOptions
 from rt.serve import ENGINE_FLAGS, SWITCHES, build_parser, main
@@ -98,6 +98,7 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
         ["--max-body-size", "0"],
         ["--bogus"],
         ["--cuda-graph-max-bs", "0"],
+        ["--scheduler-cpus", "3-1"],
     ],
 )
 def test_a_bad_flag_exits_2_with_a_message(
@@ -175,3 +176,39 @@ def test_a_signal_during_start_up_stops_cleanly() -> None:
         time.sleep(0.05)
     assert not [pid for pid in children if alive(pid)]
     assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{proc.pid}_")]
+
+
+def threads_cpus(pid: int) -> set[int]:
+    """The CPUs every thread of a process may run on (one set if they agree)."""
+    masks = {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
+    assert len(masks) == 1, f"pid {pid}'s threads are pinned apart: {masks}"
+    return set(next(iter(masks)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin apart")
+def test_scheduler_cpus_pin_the_scheduler_apart_from_the_front_and_the_other_actors() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    mine, rest = {allowed[-1]}, set(allowed[:-1])
+    body = {"text": "pinned", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    with running_server(f"--scheduler-cpus={allowed[-1]}") as server:
+        assert any("pinned: the scheduler to CPUs" in line for line in server.log)
+        first = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
+        actors = {a["name"]: a for a in server.info()["actors"]}
+        assert threads_cpus(actors["scheduler"]["pid"]) == mine
+        assert actors["scheduler"]["cpus"] == str(allowed[-1])
+        for name in ("detokenizer", "tokenizer0"):
+            assert threads_cpus(actors[name]["pid"]) == rest, name
+        assert threads_cpus(server.proc.pid) == rest  # the front, hypercorn's threads too
+        # a restarted scheduler is pinned as its predecessor was, and serves the same
+        os.kill(actors["scheduler"]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            again = {a["name"]: a for a in server.info()["actors"]}["scheduler"]
+            if again["restart_count"] == 1 and again["state"] == "running":
+                break
+            time.sleep(0.1)
+        assert again["restart_count"] == 1 and again["state"] == "running"
+        assert threads_cpus(again["pid"]) == mine
+        second = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
+        assert second["output_ids"] == first["output_ids"]

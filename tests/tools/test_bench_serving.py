@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -270,3 +271,16 @@ def test_the_command_launches_rt_serve_and_drives_sse_and_the_websocket() -> Non
         # cache holds (then ~90 % of its prompt tokens were cached): the BOS token
         # every prompt starts with, and a chance first token or two, at most
         assert run["cached_percent"] < 25
+
+
+def test_the_client_is_pinned_while_it_sends_load_and_given_its_cpus_back_after() -> None:
+    before = os.sched_getaffinity(0)
+    last = max(before)
+    with bs.client_pinned(str(last)):
+        assert os.sched_getaffinity(0) == {last}
+    assert os.sched_getaffinity(0) == before
+    with bs.client_pinned(None):
+        assert os.sched_getaffinity(0) == before
+    # and a server launched for the comparison gets the scheduler's pinning as a flag
+    command = bs.server_command("rt", 1, "/m", bs.parse_options([f"scheduler_cpus={last}"]))
+    assert command[-2:] == ["--scheduler-cpus", str(last)]
