@@ -39,7 +39,12 @@ class EngineOptions(BaseModel):
         description="share of free memory for the KV pool; None: 0.85 on CUDA, 0.5 on the CPU",
     )
     page_size: int = Field(1, ge=1)
-    chunked_prefill_size: int | None = Field(8192, ge=1)
+    chunked_prefill_size: int | None = Field(
+        None,
+        ge=-1,
+        description="the most prompt tokens one step prefills; None: 8192 on CUDA, 2048 on "
+        "the CPU; -1: no chunking",
+    )
     max_running_requests: int = Field(256, ge=1)
     max_prefill_tokens: int = Field(16384, ge=1)
     schedule_policy: Literal["fcfs", "lpm", "priority"] = "fcfs"
@@ -106,6 +111,13 @@ class EngineOptions(BaseModel):
     )
     fault_plan: Any = Field(None, description="a FaultPlan, or a path to one (JSON or TOML)")
     ring_capacity: int = Field(1 << 22, ge=1 << 12)
+
+    @field_validator("chunked_prefill_size")
+    @classmethod
+    def _chunk(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("0 tokens a step would never prefill; -1 turns chunking off")
+        return value
 
     @field_validator("scheduler_cpus")
     @classmethod

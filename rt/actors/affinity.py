@@ -2,10 +2,11 @@
 
 On a host the engine has to itself, pinning the scheduler to CPUs of its own and
 everything else (tokenizers, detokenizer, the HTTP front, a client on the same
-host) to the rest keeps the short work of those from preempting a step: on the
-2-core machine of docs/benchmarks.md it cut rt-serve's TTFT p50 at concurrency 16
-from ~130 to ~65 ms. On a shared host it is hostile (a pinned process cannot
-move away from a busy core), so it is off unless asked for.
+host) to the rest keeps the short work of those from preempting a step. On the
+2-core machine of docs/benchmarks.md it made rt-serve's decode at concurrency 1
+steadier (ITL p50 -9 %, p99 -25 %, output +8 %) and changed nothing measurable
+at 16. On a shared host it is hostile (a pinned process cannot move away from a
+busy core), so it is off unless asked for.
 """
 
 from __future__ import annotations

@@ -39,7 +39,10 @@ class EngineConfig:
     mem_fraction: float | None = None
     max_running_requests: int = 256
     max_prefill_tokens: int = 16384
-    chunked_prefill_size: int | None = 8192
+    # the most prompt tokens one step prefills. None: 8192 on CUDA, 2048 on the CPU (where
+    # a token costs far more: a bigger chunk holds every running request's next token
+    # back for the whole step); -1: no chunking (SGLang's value for it)
+    chunked_prefill_size: int | None = None
     schedule_policy: str = "fcfs"
     enable_prefix_cache: bool = True
     context_length: int | None = None
@@ -67,6 +70,13 @@ class EngineConfig:
         if self.mem_fraction is not None:
             return self.mem_fraction
         return 0.85 if self.device.startswith("cuda") else 0.5
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """The chunk in effect (None: no chunking)."""
+        if self.chunked_prefill_size is None:
+            return 8192 if self.device.startswith("cuda") else 2048
+        return None if self.chunked_prefill_size == -1 else self.chunked_prefill_size
 
     @property
     def backend(self) -> str:
@@ -150,9 +160,12 @@ class EngineConfig:
             )
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
             raise ConfigError("max_running_requests and max_prefill_tokens must be >= 1")
-        if self.chunked_prefill_size is not None and self.chunked_prefill_size < 1:
+        if self.chunked_prefill_size is not None and not (
+            self.chunked_prefill_size >= 1 or self.chunked_prefill_size == -1
+        ):
             raise ConfigError(
-                f"chunked_prefill_size: expected None or >= 1, got {self.chunked_prefill_size}"
+                "chunked_prefill_size: expected None (the device's default), -1 (no chunking) "
+                f"or >= 1, got {self.chunked_prefill_size}"
             )
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError(f"torch_threads: expected None or >= 1, got {self.torch_threads}")

@@ -132,7 +132,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         config.schedule_policy,
         config.max_running_requests,
         config.max_prefill_tokens,
-        config.chunked_prefill_size,
+        config.prefill_chunk,
     )
     return EngineParts(
         files, model_config, eos, context_length, cache, runner, prefill, DecodePlanner(cache)

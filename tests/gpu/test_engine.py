@@ -47,6 +47,34 @@ def test_max_running_requests_and_prefill_budget(checkpoints: dict[str, Path]) -
     assert all(len(r["tokens"]) == 5 for r in res.values())
 
 
+def test_a_cpu_step_prefills_2048_prompt_tokens_at_most_by_default(
+    checkpoints: dict[str, Path],
+) -> None:
+    # on the CPU a token costs far more than on a GPU: a step that prefilled 8192 held
+    # every running request's next token back for the whole of it
+    def config(**kwargs: Any) -> EngineConfig:
+        return EngineConfig(model_path=checkpoints["llama"], **kwargs)
+
+    assert config(device="cpu").prefill_chunk == 2048
+    assert config(device="cuda").prefill_chunk == 8192
+    assert config(chunked_prefill_size=-1).prefill_chunk is None  # no chunking
+    assert config(chunked_prefill_size=300).prefill_chunk == 300
+    with pytest.raises(ConfigError, match=r"-1 \(no chunking\)"):
+        config(chunked_prefill_size=0)
+    engine = null_engine(checkpoints["llama"], max_total_tokens=8192, max_running_requests=64)
+    for i, p in enumerate(prompts(40, [64] * 40)):
+        engine.add_request(f"r{i}", p, greedy(2, ignore_eos=True))
+    first = engine.step()
+    assert first.num_tokens == 2048
+    assert [o.rid for o in first.outputs] == [f"r{i}" for i in range(32)]
+    second = engine.step()  # the other 8 (their first token may come from the cache)
+    assert [o.rid for o in second.outputs] == [f"r{i}" for i in range(32, 40)]
+    unchunked = null_engine(checkpoints["llama"], max_total_tokens=8192, chunked_prefill_size=-1)
+    for i, p in enumerate(prompts(40, [64] * 40)):
+        unchunked.add_request(f"r{i}", p, greedy(2, ignore_eos=True))
+    assert unchunked.step().num_tokens == 40 * 64
+
+
 def test_finish_reasons_and_min_new_tokens(checkpoints: dict[str, Path]) -> None:
     engine = make_engine(checkpoints["llama"])
     p = prompts(1, [12], seed=5)[0]

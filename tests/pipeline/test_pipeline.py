@@ -404,6 +404,13 @@ async def test_bad_options_are_refused_before_anything_starts(tiny_model) -> Non
     with pytest.raises(rt.errors.ConfigError, match="no_such_option"):
         async with rt.open_engine(str(tiny_model), no_such_option=1):
             pass
+    for chunk, says in ((0, "-1 turns chunking off"), (-2, "greater than or equal to -1")):
+        with pytest.raises(rt.errors.ConfigError, match=f"chunked_prefill_size: .*{says}"):
+            async with rt.open_engine(str(tiny_model), chunked_prefill_size=chunk):
+                pass
+    with pytest.raises(rt.errors.ConfigError, match=r"scheduler_cpus: .*numbers and ranges"):
+        async with rt.open_engine(str(tiny_model), scheduler_cpus="first"):
+            pass
 
 
 @pytest.mark.slow
