@@ -72,7 +72,9 @@ class SamplingParams:
         _float_in("min_p", self.min_p, 0.0, 1.0)
         _float_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _float_in("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _float_in("repetition_penalty", self.repetition_penalty, 0.0, None, low_open=True)
+        # below 1e-6 it overflowed float32 in the sampler (logits / penalty: inf, NaN, token
+        # 0 every step); a penalty that small already makes every seen token certain
+        _float_in("repetition_penalty", self.repetition_penalty, REPETITION_PENALTY_MIN, None)
         _int_in("n", self.n, 1, MAX_N)
         _int_in("top_logprobs", self.top_logprobs, 0, min(vocab_size, 1024))
         _bool("ignore_eos", self.ignore_eos)
@@ -126,6 +128,9 @@ def _int_in(name: str, value: object, low: int | None, high: int | None) -> None
         )
 
 
+REPETITION_PENALTY_MIN = 1e-6
+
+
 def _float_in(
     name: str, value: object, low: float | None, high: float | None, low_open: bool = False
 ) -> None:
@@ -146,10 +151,11 @@ def _float_in(
         )
     too_low = low is not None and (number <= low if low_open else number < low)
     if too_low or (high is not None and number > high):
-        bracket = "(" if low_open else "["
-        raise InvalidRequestError(
-            f"{name}: expected a number in {bracket}{low}, {high}], got {show(value)}"
-        )
+        if high is None:
+            wanted = f"a number {'>' if low_open else '>='} {low:g}"
+        else:
+            wanted = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise InvalidRequestError(f"{name}: expected {wanted}, got {show(value)}")
 
 
 def _token(name: str, value: object, vocab_size: int) -> None:

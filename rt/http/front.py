@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -118,11 +119,17 @@ class Front:
                 self.metrics.aborted.labels(tracked.abort_cause).inc()
 
     def abort(self, rid: str) -> bool:
+        """Abort ``rid``; or, if no request has it, each prompt of the batch whose rid
+        it was (their rids are ``rid-0``, ``rid-1``, …)."""
         tracked = self.in_flight.get(rid)
-        if tracked is None:
-            return False
-        tracked.abort("abort_request")
-        return True
+        if tracked is not None:
+            found = [tracked]
+        else:
+            prompt = re.compile(re.escape(rid) + r"-\d+")
+            found = [t for key, t in self.in_flight.items() if prompt.fullmatch(key)]
+        for each in found:
+            each.abort("abort_request")
+        return bool(found)
 
     def abort_all(self) -> int:
         for tracked in list(self.in_flight.values()):
@@ -185,6 +192,11 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
             message = rename[name] + message[len(name) :]
         return HTTPError(400, message, param=param)
     if isinstance(err, errors.ContextOverflowError):
+        for engine_name, name in (rename or {}).items():  # "max_new_tokens is 600" → max_tokens
+            message = re.sub(rf"\b{engine_name}\b", name, message)
+        message = message.replace(
+            "set allow_auto_truncate", "start the server with --allow-auto-truncate"
+        )
         return HTTPError(400, message, code="context_length_exceeded")
     if isinstance(err, errors.ServiceUnavailableError):
         return HTTPError(503, message, headers=[("retry-after", "1")])

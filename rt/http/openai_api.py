@@ -113,6 +113,19 @@ def _jobs(prompts: list[Any], options: dict[str, Any], base: str) -> list[Job]:
     return jobs
 
 
+def _check_ids(prompts: list[Any], vocab_size: int) -> None:
+    """The engine's check of token-id prompts, for what must decode them first."""
+    for k, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            continue
+        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            where = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
+            raise HTTPError(
+                400, f"{where}: expected token ids in [0, {vocab_size}), got {bad}", param=where
+            )
+
+
 def _finish(seq: Seq, result: Result) -> str | None:
     return seq.finish_reason or ("abort" if result.aborted else None)
 
@@ -141,6 +154,8 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
     jobs = _jobs(prompts, options, req.rid or cid)
+    if req.echo:  # echo decodes the ids here, before the engine has checked them
+        _check_ids(prompts, front.vocab_size)
     echoes = [
         (p if isinstance(p, str) else front.tokens.decode(p)) if req.echo else "" for p in prompts
     ]

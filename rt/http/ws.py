@@ -19,6 +19,7 @@ bounded queue in front: a slow reader holds back its own generations only.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import trio
@@ -29,6 +30,8 @@ from rt.http.engine_port import Delta
 from rt.http.front import Front
 from rt.http.generation import Result, run
 from rt.http.schemas import GenerateRequest, WsFrame, loads, parse
+
+log = logging.getLogger(__name__)
 
 OUT_QUEUE = 256  # frames waiting for the writer
 
@@ -76,6 +79,8 @@ class Connection:
         if data is None:
             data = message.get("bytes") or b""
         size = len(data)
+        if isinstance(data, str) and size * 4 > self.front.settings.max_body_size:
+            size = len(data.encode("utf-8", "surrogatepass"))  # a character may be 4 bytes
         if size > self.front.settings.max_body_size:
             await self._error(
                 None,
@@ -98,6 +103,13 @@ class Connection:
         cid = obj.get("id")
         if isinstance(cid, bool) or not isinstance(cid, str | int):
             cid = None
+        if isinstance(cid, str) and not cid.isascii():
+            try:  # every frame for this id repeats it: it must encode
+                cid.encode("utf-8")
+            except UnicodeEncodeError:
+                problem = "id: expected a string of valid Unicode, got one with a lone surrogate"
+                await self._error(None, HTTPError(400, problem, param="id"))
+                return
         try:
             frame = parse(WsFrame, obj)
             body = dict(frame.model_extra or {})
@@ -157,6 +169,8 @@ class Connection:
             await self._frame(frame)
 
         try:
+            if req.return_logprob and req.return_text_in_logprobs:
+                await front.tokens.ensure()  # (loaded on first use, as /generate does)
             with front.engine.hold():  # a drain waits for its "done" frame too
                 with scope:
                     results = await run(front, jobs, on_delta)
@@ -175,6 +189,11 @@ class Connection:
                 await self._frame({"id": cid, "type": "done", "meta_info": meta})
         except HTTPError as err:
             await self._error(cid, err)
+        except Exception:  # a bug answers this id alone; the connection's others go on
+            log.exception("WebSocket request %r failed", cid)
+            await self._error(
+                cid, HTTPError(500, "internal error; the server log has the traceback")
+            )
         finally:
             del self.in_flight[cid]
 

@@ -26,11 +26,26 @@ log = logging.getLogger(__name__)
 Result = tuple[Scheduled, Tokenized] | Refused
 
 
+def max_token_bytes(tokenizer: Any) -> int | None:
+    """At most how many bytes of text one token stands for: the UTF-8 length of the
+    vocabulary's longest entry (byte-level, SentencePiece and byte-fallback entries
+    spell a token's bytes in at least as many); None if the vocabulary is unknown."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:
+        return None
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=0) or None
+
+
 class TokenizerCore:
     def __init__(self, tokenizer: Any, context_length: int, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.vocab_size = vocab_size
+        # a text longer than this cannot fit the context: refused (or cut) before it is
+        # tokenized, which for a text of megabytes took longer than the watchdog allows
+        per_token = max_token_bytes(tokenizer)
+        self.max_text_bytes = None if per_token is None else context_length * per_token
 
     def process(self, reqs: Sequence[GenerateRequest]) -> list[Result]:
         """One result per request, in order: the request for the scheduler and the
@@ -40,7 +55,7 @@ class TokenizerCore:
         plain: dict[int, bool] = {}
         for i, req in enumerate(reqs):
             try:
-                text = self._text_of(req)
+                text = self._bounded(req, self._text_of(req))
             except Exception as err:
                 results[i] = refusal(req.rid, err)
                 continue
@@ -75,6 +90,24 @@ class TokenizerCore:
         if req.messages is not None:
             return self._render_chat(req.messages)
         return None
+
+    def _bounded(self, req: GenerateRequest, text: str | None) -> str | None:
+        """``text``, or its end if it is too long for the context and truncation is
+        allowed; refused if it is too long and truncation is not."""
+        limit = self.max_text_bytes
+        if text is None or limit is None or len(text) * 4 <= limit:
+            return text
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data) <= limit:
+            return text
+        if not req.allow_auto_truncate:
+            raise ContextOverflowError(
+                f"the prompt is {len(data)} bytes, more than the context length "
+                f"{self.context_length} can hold in tokens of this tokenizer (at most "
+                f"{limit} bytes); shorten the prompt or set allow_auto_truncate"
+            )
+        # keep the end, as the ids' truncation does (it then cuts to the budget)
+        return data[-limit:].decode("utf-8", "ignore")  # (a character cut in two is dropped)
 
     def _render_chat(self, messages: Sequence[Any]) -> str:
         if not messages:

@@ -212,11 +212,11 @@ def sampling_args() -> dict[str, Arg]:
         ),
         "frequency_penalty": penalty,
         "presence_penalty": penalty,
-        "repetition_penalty": arg(
-            st.floats(min_value=0, max_value=FLOAT32_MAX, exclude_min=True) | st.integers(1, 10**30),
-            st.floats(max_value=0) | st.integers(max_value=0) | NOT_FLOAT,
-            ok_edges=[5e-324, 1e-46, FLOAT32_MAX, 10**30, 1],
-            bad_edges=[0, -1, 0.0, -0.0, math.nan, math.inf, None, True, *PAST_FLOAT32],
+        "repetition_penalty": arg(  # below 1e-6 the sampler's float32 overflowed
+            st.floats(min_value=1e-6, max_value=FLOAT32_MAX) | st.integers(1, 10**30),
+            st.floats(max_value=1e-6, exclude_max=True) | st.integers(max_value=0) | NOT_FLOAT,
+            ok_edges=[1e-6, FLOAT32_MAX, 10**30, 1],
+            bad_edges=[0, -1, 0.0, -0.0, 5e-324, 1e-46, 9.99e-7, math.nan, math.inf, None, True, *PAST_FLOAT32],
         ),
         "stop_token_ids": arg(
             st.none() | st.lists(TOKEN, max_size=4) | st.tuples(TOKEN),

@@ -109,6 +109,8 @@ REFUSED = [
     pytest.param("hi", {"repetition_penalty": HUGE}, r"repetition_penalty: .* too large for a float", id="int-past-float-2"),
     pytest.param("hi", {"temperature": 1e308}, r"temperature: expected a number of magnitude at most 3.402823e\+38 \(the sampler computes in float32\), got 1e\+308", id="past-float32"),
     pytest.param("hi", {"repetition_penalty": 10**39}, r"repetition_penalty: expected a number of magnitude at most 3.402823e\+38", id="int-past-float32"),
+    # a smaller one overflowed the sampler's float32 (token 0 every step)
+    pytest.param("hi", {"repetition_penalty": 5e-324}, r"repetition_penalty: expected a number >= 1e-06", id="penalty-underflows"),
     pytest.param("hi", {"max_new_tokens": BIG}, r"max_new_tokens: expected an integer in \[1, 9223372036854775807\], got an integer of 100 bits", id="huge-int"),
     pytest.param("hi", {"top_k": 1 << 63}, r"top_k: expected an integer in \[-9223372036854775808, 9223372036854775807\]", id="top-k-past-int64"),
     pytest.param("hi", {"top_k": -(1 << 63) - 1}, r"top_k: expected an integer in", id="top-k-below-int64"),
@@ -140,7 +142,7 @@ REFUSED = [
     pytest.param("hi", {"logit_bias": {5: [1.0]}}, r"logit_bias\[5\]: expected a finite number, got \[1.0\]", id="bias-list"),
     pytest.param("hi", {"logit_bias": {5: {"a": 1}}}, r"logit_bias\[5\]: expected a finite number", id="bias-dict"),
     pytest.param("hi", {"logit_bias": {5: math.nan}}, r"logit_bias\[5\]: expected a finite number, got nan", id="bias-nan"),
-    pytest.param("hi", {"logit_bias": {5: 101}}, r"logit_bias\[5\]: expected a number in \[-100.0, 100.0\], got 101", id="bias-range"),
+    pytest.param("hi", {"logit_bias": {5: 101}}, r"logit_bias\[5\]: expected a number in \[-100, 100\], got 101", id="bias-range"),
     pytest.param("hi", {"logit_bias": {5: HUGE}}, r"logit_bias\[5\]: .* too large for a float", id="bias-huge"),
     pytest.param("hi", {"logit_bias": [[5, 1.0]]}, r"logit_bias: expected an object mapping token ids to biases, got list", id="bias-list-of-pairs"),
     pytest.param("hi", {"logit_bias": "5"}, r"logit_bias: expected an object .* got '5'", id="bias-string"),
@@ -209,7 +211,7 @@ def test_an_accepted_request_is_what_the_tokenizer_will_read() -> None:
         ("hi", {"top_k": (1 << 63) - 1, "priority": -(1 << 63)}),
         ("hi", {"seed": 0, "n": 1024, "top_logprobs": 1024, "logprobs": True}),
         ("hi", {"seed": SEED_MASK, "max_new_tokens": (1 << 63) - 1}),  # the tokenizer says overflow
-        ("hi", {"temperature": FLOAT32_MAX, "repetition_penalty": 5e-324, "top_p": 5e-324}),
+        ("hi", {"temperature": FLOAT32_MAX, "repetition_penalty": 1e-6, "top_p": 5e-324}),
         ("hi", {"stop": ["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS}),
         ("hi", {"stop": None, "stop_token_ids": None, "logit_bias": None, "seed": None}),
         ("hi", {"rid": ""}),  # no rid: one is made

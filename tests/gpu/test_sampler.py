@@ -161,7 +161,10 @@ def test_logprobs_are_of_the_raw_distribution() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(temperature=-1.0), "temperature: expected a number in \\[0.0, None\\], got -1.0"),
+        (dict(temperature=-1.0), "temperature: expected a number >= 0, got -1.0"),
+        # logits / penalty overflowed float32 under 1e-6: token 0 every step
+        (dict(repetition_penalty=1e-320), "repetition_penalty: expected a number >= 1e-06"),
+        (dict(repetition_penalty=1e-7), "repetition_penalty: expected a number >= 1e-06"),
         (dict(top_p=0.0), "top_p"),
         (dict(max_new_tokens=0), "max_new_tokens: expected an integer in \\[1"),
         (dict(min_new_tokens=5, max_new_tokens=2), "min_new_tokens"),

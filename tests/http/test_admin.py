@@ -193,3 +193,32 @@ def test_openapi_document(default_server: Server) -> None:
     ref = body["content"]["application/json"]["schema"]["$ref"]
     schema = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert "messages" in schema["properties"]
+
+
+async def test_abort_request_by_a_batchs_rid_aborts_each_of_its_prompts(
+    default_server: Server,
+) -> None:
+    body = {
+        "text": ["In the beginning", "And the earth"],
+        "rid": "batch-to-abort",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+    }
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
+        finished: dict[int, dict] = {}
+        async with client.stream("POST", "/generate", json=body) as response:
+            aborted = False
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if not aborted:  # the prompts' rids are batch-to-abort-0 and -1
+                    abort = await client.post("/abort_request", json={"rid": "batch-to-abort"})
+                    assert abort.status_code == 200, abort.text
+                    aborted = True
+                if event["meta_info"]["finish_reason"] is not None:
+                    finished[event["index"]] = event
+        assert sorted(finished) == [0, 1]
+        for event in finished.values():
+            assert event["meta_info"]["finish_reason"]["type"] == "abort"
+            assert len(event["output_ids"]) < 400

@@ -3,6 +3,7 @@ the default model."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import openai
@@ -175,9 +176,18 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
         client.chat.completions.create(model=model, messages=MESSAGES, temperature=-1)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=model, prompt="x", max_tokens=0)
-    with pytest.raises(openai.BadRequestError, match="allow_auto_truncate") as err:
+    with pytest.raises(openai.BadRequestError, match="--allow-auto-truncate") as err:
         client.completions.create(model=model, prompt="word " * 600, max_tokens=4)
     assert err.value.code == "context_length_exceeded"
+    assert "max_tokens is 4" in err.value.message  # the field this endpoint takes
+    # echo decodes a token-id prompt before the engine sees it: its ids are checked first
+    # (a negative one, or one past 2**64, was a 500 from the decoder)
+    for prompt, where, bad in (([-1], "prompt", -1), ([[5], [7, 2**64]], "prompt[1]", 2**64)):
+        with pytest.raises(
+            openai.BadRequestError,
+            match=rf"{re.escape(where)}: expected token ids in \[0, 4096\), got {bad}",
+        ):
+            client.completions.create(model=model, prompt=prompt, max_tokens=2, echo=True)
     assert set(err.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=model, messages=[])

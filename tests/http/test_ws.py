@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 import trio
-from serverlib import Server
+from serverlib import Server, running_server
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 SUBJECTS = ("LORD", "God", "king", "man", "woman", "priest", "people", "angel")
@@ -177,3 +178,43 @@ async def test_closing_the_socket_aborts_its_requests(default_server: Server) ->
     assert trio.current_time() - left_at < 5.0  # 400 tokens would take far longer
     assert stats["running"] == 0
     assert stats["request_tokens"] == 0
+
+
+@pytest.mark.slow
+async def test_frames_that_used_to_close_the_connection_get_error_frames_or_answers() -> None:
+    # a server of its own: the token texts of logprobs must not have been loaded yet
+    with running_server("--max-body-size=100000") as server:
+        async with open_websocket_url(f"ws://127.0.0.1:{server.port}/ws") as ws:
+            long = {"type": "generate", "text": "In the", "sampling_params": {"max_new_tokens": 64}}
+            await ws.send_message(json.dumps({"id": "long", **long}))
+            # an id every frame must repeat, that UTF-8 cannot carry (it closed with 1011)
+            await ws.send_message('{"id": "\\ud800", "type": "generate", "text": "x"}')
+            # token texts in logprobs, asked first on this WebSocket (it closed with 1011)
+            text_lp = {
+                "id": "lp",
+                "type": "generate",
+                "text": "In the",
+                "return_logprob": True,
+                "return_text_in_logprobs": True,
+                "sampling_params": {"max_new_tokens": 3},
+            }
+            await ws.send_message(json.dumps(text_lp))
+            # 60,000 characters, 120,000 bytes: over the limit (it was counted in characters)
+            await ws.send_message(
+                json.dumps({"id": "wide", "pad": "é" * 60_000}, ensure_ascii=False)
+            )
+            got: dict[Any, dict[str, Any]] = {}
+            needed = {"long", "lp", ("error", 400), ("error", 413)}
+            while not needed <= got.keys():
+                frame = await receive(ws)
+                if frame["type"] != "delta":  # errors without an id: by their status
+                    key = frame["id"] if frame["id"] is not None else ("error", frame["status"])
+                    got.setdefault(key, frame)
+        assert got["long"]["type"] == "done"
+        assert got["lp"]["type"] == "done"
+        lps = got["lp"]["meta_info"]["output_token_logprobs"]
+        assert len(lps) == 3 and all(isinstance(text, str) for _, _, text in lps)
+        assert "lone surrogate" in got[("error", 400)]["message"]
+        assert got[("error", 400)]["param"] == "id"
+        assert "120" in got[("error", 413)]["message"]
+        assert all(a["restart_count"] == 0 for a in server.info()["actors"])

@@ -67,6 +67,39 @@ def test_context_overflow_is_refused_or_truncated(core, tokenizer) -> None:
     assert sched.input_ids.tolist() == long[4:] and tok.truncated == 4
 
 
+def test_a_text_too_long_for_any_tokenization_is_refused_or_cut_before_encoding(
+    core, tokenizer
+) -> None:
+    # A text of megabytes took the tokenizer longer than the watchdog allows (it was
+    # killed, restarted, sent the text again, ...); past context x the longest token's
+    # bytes, no tokenization can fit it, so it is refused before it is encoded.
+    longest = max(len(t.encode()) for t in tokenizer.get_vocab())
+    assert core.max_text_bytes == 256 * longest
+    huge = "a " * 4_000_000  # 8 MB
+    called: list[int] = []  # the longest text each encoding was given
+    encode = core._encode
+
+    def spy(texts: dict[int, str], plain: dict[int, bool]) -> Any:
+        called.append(max((len(t) for t in texts.values()), default=0))
+        return encode(texts, plain)
+
+    core._encode = spy  # type: ignore[method-assign]
+    (refused,) = core.process([GenerateRequest("big", text=huge)])
+    assert isinstance(refused, Refused) and refused.error == "ContextOverflowError"
+    assert f"the prompt is {len(huge)} bytes" in refused.message
+    assert called == [0]  # nothing was encoded
+    sampling = SamplingParams(max_new_tokens=6)
+    ((sched, tok),) = core.process(
+        [GenerateRequest("cut", text=huge, sampling=sampling, allow_auto_truncate=True)]
+    )
+    assert called[-1] <= core.max_text_bytes  # only the end was encoded
+    assert len(sched.input_ids) == 250 and tok.truncated > 0
+    assert tokenizer.decode(sched.input_ids).strip().endswith("a a a")
+    # a text within the bound is tokenized as before
+    ((ok, _),) = core.process([GenerateRequest("ok", text="a " * 50)])
+    assert ok.input_ids.tolist() == tokenizer.encode("a " * 50)
+
+
 def test_a_model_without_chat_template_says_so(tokenizer) -> None:
     tokenizer = type(tokenizer)(tokenizer_object=tokenizer.backend_tokenizer)
     core = TokenizerCore(tokenizer, context_length=64, vocab_size=len(tokenizer))
