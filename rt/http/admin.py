@@ -115,9 +115,10 @@ async def abort_request(front: Front, ex: Exchange, body: bytes) -> None:
         raise HTTPError(
             400, "rid: expected the rid of a request in flight, or abort_all=true", param="rid"
         )
-    if not front.abort(req.rid):
+    aborted = front.abort(req.rid)
+    if not aborted:
         raise HTTPError(404, f"rid: no request {req.rid!r} is in flight", param="rid")
-    await ex.json({"aborted": 1})
+    await ex.json({"aborted": aborted})
 
 
 async def flush_cache(front: Front, ex: Exchange) -> None:

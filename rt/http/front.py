@@ -118,9 +118,9 @@ class Front:
             if tracked.abort_cause is not None:
                 self.metrics.aborted.labels(tracked.abort_cause).inc()
 
-    def abort(self, rid: str) -> bool:
+    def abort(self, rid: str) -> int:
         """Abort ``rid``; or, if no request has it, each prompt of the batch whose rid
-        it was (their rids are ``rid-0``, ``rid-1``, …)."""
+        it was (their rids are ``rid-0``, ``rid-1``, …). Returns how many."""
         tracked = self.in_flight.get(rid)
         if tracked is not None:
             found = [tracked]
@@ -129,7 +129,7 @@ class Front:
             found = [t for key, t in self.in_flight.items() if prompt.fullmatch(key)]
         for each in found:
             each.abort("abort_request")
-        return bool(found)
+        return len(found)
 
     def abort_all(self) -> int:
         for tracked in list(self.in_flight.values()):
@@ -197,7 +197,8 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
         message = message.replace(
             "set allow_auto_truncate", "start the server with --allow-auto-truncate"
         )
-        return HTTPError(400, message, code="context_length_exceeded")
+        param = (rename or {}).get("max_new_tokens")  # the prompt plus what it asks for
+        return HTTPError(400, message, param=param, code="context_length_exceeded")
     if isinstance(err, errors.ServiceUnavailableError):
         return HTTPError(503, message, headers=[("retry-after", "1")])
     if isinstance(err, errors.EngineShutdownError):

@@ -215,6 +215,7 @@ async def test_abort_request_by_a_batchs_rid_aborts_each_of_its_prompts(
                 if not aborted:  # the prompts' rids are batch-to-abort-0 and -1
                     abort = await client.post("/abort_request", json={"rid": "batch-to-abort"})
                     assert abort.status_code == 200, abort.text
+                    assert abort.json() == {"aborted": 2}
                     aborted = True
                 if event["meta_info"]["finish_reason"] is not None:
                     finished[event["index"]] = event

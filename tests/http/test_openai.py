@@ -180,6 +180,7 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
         client.completions.create(model=model, prompt="word " * 600, max_tokens=4)
     assert err.value.code == "context_length_exceeded"
     assert "max_tokens is 4" in err.value.message  # the field this endpoint takes
+    assert err.value.param == "max_tokens"
     # echo decodes a token-id prompt before the engine sees it: its ids are checked first
     # (a negative one, or one past 2**64, was a 500 from the decoder)
     for prompt, where, bad in (([-1], "prompt", -1), ([[5], [7, 2**64]], "prompt[1]", 2**64)):
