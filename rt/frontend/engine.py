@@ -48,6 +48,7 @@ from rt.config import EngineOptions
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
+from rt.frontend.tokenizer_queues import TokenizerQueues
 from rt.frontend.wiring import SCHEDULER, supervisor_spec
 from rt.messages import (
     Abort,
@@ -146,13 +147,7 @@ class Engine:
         self._quarantine_changed = trio.Event()
         self._control_seq = itertools.count(1)
         self._paused = False  # generation paused by the operator: told to every scheduler
-        # Each tokenizer's ring is FIFO: the frames sent to it, numbered; the number of
-        # the latest one it answered, and when it last answered; each request waiting
-        # for its ids: (tokenizer, number) of its latest send
-        self._tok_sent = [0] * workers
-        self._tok_answered = [0] * workers
-        self._tok_news_at = [time.monotonic()] * workers
-        self._tok_of: dict[str, tuple[int, int]] = {}
+        self._tok_queues = TokenizerQueues(workers)  # who waits for ids behind whom
         self.stopped_by: str | None = None  # the signal that stopped the engine, if one did
 
     # ---- the public API -------------------------------------------------------
@@ -287,7 +282,7 @@ class Engine:
         finished (cancellation, an error, an abandoned stream) it is aborted."""
         record = self.table.remove(rid)
         self._waiters.pop(rid, None)
-        self._tok_of.pop(rid, None)
+        self._tok_queues.forget(rid)
         if record is not None and not record.finished and not self._closing:
             self._queue(self._to_sched, Abort(rid))
             self._close_streams(record)
@@ -321,7 +316,7 @@ class Engine:
 
     async def route_tokenized(self, rx: RingReceiver) -> None:
         async for msg in self._frames(rx):
-            self._tok_answer(msg.rid)
+            self._tok_queues.answered(msg.rid)
             if isinstance(msg, Tokenized):
                 record = self.table.on_tokenized(msg)
                 if record is None:
@@ -338,27 +333,7 @@ class Engine:
 
     async def _to_tokenizer(self, worker: int, req: GenerateRequest) -> None:
         await self._to_tok[worker].send(req)
-        self._tok_sent[worker] += 1
-        self._tok_of[req.rid] = (worker, self._tok_sent[worker])
-
-    def _tok_answer(self, rid: str) -> None:
-        sent = self._tok_of.pop(rid, None)
-        if sent is not None:
-            worker, number = sent
-            self._tok_answered[worker] = max(self._tok_answered[worker], number)
-            self._tok_news_at[worker] = time.monotonic()
-
-    def _tok_queued(self, rid: str, now: float, timeout: float) -> bool:
-        """Is ``rid`` still in its tokenizer's queue, behind a backlog it is working
-        through (nothing sent after it answered yet, and answers within ``timeout``)?
-        Not lost, then: sending it again would only lengthen the queue (2,737 copies
-        in one second for a batch of 5,000 prompts). A later frame answered first, or
-        a tokenizer silent that long, says it may be lost."""
-        sent = self._tok_of.get(rid)
-        if sent is None:
-            return False
-        worker, number = sent
-        return self._tok_answered[worker] < number and now - self._tok_news_at[worker] < timeout
+        self._tok_queues.sent(worker, req.rid)
 
     async def route_deltas(self) -> None:
         async for msg in self._frames(self._from_detok):
@@ -481,7 +456,7 @@ class Engine:
             for record in self.table.live():
                 if record.held or now - record.progress_at < timeout * 2**record.redrives:
                     continue
-                if record.input_ids is None and self._tok_queued(record.rid, now, timeout):
+                if record.input_ids is None and self._tok_queues.queued(record.rid, now, timeout):
                     continue
                 record.redrives += 1
                 log.warning(

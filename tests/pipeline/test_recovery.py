@@ -176,7 +176,7 @@ async def test_a_request_queued_behind_a_busy_tokenizer_is_not_sent_again(
     Sending it again only lengthened the queue (2,737 copies in one second for a
     batch of 5,000 prompts)."""
     rule = {"actor": "tokenizer0", "point": "tokenize", "action": "delay", "delay_ms": 150}
-    rule.update(times=0)
+    rule["times"] = 0  # every batch
     options: dict[str, Any] = dict(max_new_tokens=2, ignore_eos=True, temperature=0.0)
     async with rt.open_engine(
         fault_plan=plan(tmp_path, rule), stall_timeout=0.5, tokenizer_batch_size=1, **NULL

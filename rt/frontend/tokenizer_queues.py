@@ -1,0 +1,45 @@
+"""Where each request waiting for its ids stands in its tokenizer's queue.
+
+A tokenizer's ring is FIFO. The frontend numbers the frames it sends to each
+tokenizer and notes the latest one answered: a request still waiting for its
+ids behind a tokenizer that answers steadily is queued, not lost, and sending
+it again would only lengthen the queue (2,737 copies in one second for a batch
+of 5,000 prompts). A frame sent after it answered first, or a tokenizer silent
+for the stall timeout, says it may be lost.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class TokenizerQueues:
+    def __init__(self, workers: int) -> None:
+        self._sent = [0] * workers  # frames sent to each tokenizer
+        self._answered = [0] * workers  # the number of the latest one it answered
+        self._news_at = [time.monotonic()] * workers  # when it last answered
+        self._of: dict[str, tuple[int, int]] = {}  # rid → (tokenizer, number) of its send
+
+    def sent(self, worker: int, rid: str) -> None:
+        self._sent[worker] += 1
+        self._of[rid] = (worker, self._sent[worker])
+
+    def answered(self, rid: str) -> None:
+        sent = self._of.pop(rid, None)
+        if sent is not None:
+            worker, number = sent
+            self._answered[worker] = max(self._answered[worker], number)
+            self._news_at[worker] = time.monotonic()
+
+    def forget(self, rid: str) -> None:
+        """The request left before its answer: nothing waits for it any more."""
+        self._of.pop(rid, None)
+
+    def queued(self, rid: str, now: float, timeout: float) -> bool:
+        """Is ``rid`` still behind a backlog its tokenizer is working through (nothing
+        sent after it answered yet, and an answer within ``timeout``)?"""
+        sent = self._of.get(rid)
+        if sent is None:
+            return False
+        worker, number = sent
+        return self._answered[worker] < number and now - self._news_at[worker] < timeout
