@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument(
         "--requests", type=int, help="send this many requests (default 60 with no --duration)"
     )
+    load.add_argument(
+        "--until-faults", action=argparse.BooleanOptionalAction, default=True,
+        help="with --requests: go on past them (up to 4 times as many) until every "
+        "signal fault was tried (default on)",
+    )  # fmt: skip
     load.add_argument("--concurrency", type=int, help="requests in flight (default 8)")
     load.add_argument("--transports", type=listed(("sse", "ws")), default=("sse", "ws"),
                       help="over HTTP: sse, ws (default both)")  # fmt: skip
@@ -228,6 +233,7 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
         engine=options,
         hogs=args.hogs,
         log_dir=args.log_dir,
+        until_faults=args.until_faults,
     )
     only = None
     if args.faults is not None:

@@ -1,7 +1,10 @@
 """The load generator: requests ``0, 1, 2, …`` of a workload, ``concurrency`` at a
 time, until ``requests`` were sent or ``duration`` seconds passed; then it
-waits for those in flight. It can pause (the injector asks for an idle
-engine) and it tells the injector what is in flight (phase conditions).
+waits for those in flight. Given ``until``, a count goes on past ``requests``
+(up to ``MOST`` times as many) until that event is set: the injector's faults
+then fire under load however fast the engine serves. It can pause (the
+injector asks for an idle engine) and it tells the injector what is in flight
+(phase conditions).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass, field
 import trio
 
 from rt.chaos.workload import RequestSpec
+
+MOST = 4  # with ``until``: at most this many times ``requests``
 
 
 @dataclass
@@ -71,11 +76,13 @@ class Load:
         concurrency: int,
         requests: int | None = None,
         duration: float | None = None,
+        until: trio.Event | None = None,
     ) -> None:
         self.draw, self.run = draw, run
         self.concurrency = concurrency
         self.requests = requests if requests is not None else math.inf
         self.duration = duration if duration is not None else math.inf
+        self.until = until
         self.live = LiveState()
         self._paused = 0
         self._resumed = trio.Event()
@@ -104,14 +111,19 @@ class Load:
                 slots.release()
 
         async with trio.open_nursery() as nursery:
-            while index < self.requests and trio.current_time() < deadline:
+            while self._more(index) and trio.current_time() < deadline:
                 await slots.acquire()
                 while self._paused:
                     await self._resumed.wait()
-                if trio.current_time() >= deadline:
+                if trio.current_time() >= deadline or not self._more(index):
                     slots.release()
                     break
                 nursery.start_soon(one, self.draw(index))
                 index += 1
                 await trio.lowlevel.checkpoint()
         self.finished.set()
+
+    def _more(self, index: int) -> bool:
+        if index < self.requests:
+            return True
+        return self.until is not None and not self.until.is_set() and index < MOST * self.requests

@@ -121,7 +121,11 @@ async def test_kills_behind_a_stopped_reader_lose_nothing(tmp_path: Path) -> Non
             concurrency=4,
             timeout=240.0,
             workload=WorkloadConfig(cancel_share=0.0, max_tokens=(40, 80)),
-            engine=ENGINE,
+            # Up to 5 of the 6 kills may hit the scheduler: with the default 3 crashes
+            # per request, a long request in flight for 3 of them, alone for the last,
+            # is refused as a poison one (by design; the verdict accepts it). This test
+            # is about the backlog, not that rule: no request can reach the limit.
+            engine={**ENGINE, "max_crashes_per_request": 7},
             log_dir=str(tmp_path),
         ),
         schedule=ScheduleConfig(

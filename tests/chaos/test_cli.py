@@ -26,6 +26,8 @@ def test_defaults_start_rt_serve_with_sse_and_websocket_load() -> None:
     assert c.run.requests == 60 and c.run.concurrency == 8
     assert c.schedule.faults == 12 and c.schedule.poison == 3
     assert c.run.engine["max_restarts"] >= c.schedule.faults
+    assert c.run.until_faults  # a count goes on until the signal faults were tried
+    assert not config("--no-until-faults").run.until_faults
 
 
 def test_in_process_attach_and_duration() -> None:
