@@ -27,7 +27,10 @@ class SamplingParams:
     ``logprobs`` asks for the chosen tokens' log-probabilities under the model
     (log-softmax of the raw logits) and ``top_logprobs`` for that many best.
     ``prompt_logprobs`` asks for each prompt token's (but the first's), and
-    its ``top_logprobs`` best, from the prefill (which then skips the prefix cache).
+    its ``top_logprobs`` best, from the prefill (which then skips the prefix cache);
+    ``logprob_start_len`` is the first prompt position the caller reads them from
+    (SGLang's field; the HTTP API reports from it): a prompt with no such
+    position is refused once tokenized.
     """
 
     max_new_tokens: int = 128
@@ -47,6 +50,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False
+    logprob_start_len: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -80,6 +84,7 @@ class SamplingParams:
         _bool("ignore_eos", self.ignore_eos)
         _bool("logprobs", self.logprobs)
         _bool("prompt_logprobs", self.prompt_logprobs)
+        _int_in("logprob_start_len", self.logprob_start_len, 0, None)
         if self.seed is not None:
             _int_in("seed", self.seed, 0, SEED_MASK)
         if not isinstance(self.stop_token_ids, tuple | list):

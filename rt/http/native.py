@@ -99,6 +99,8 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
             options["logprobs"] = True
             options["top_logprobs"] = req.top_logprobs_num or 0
             options["prompt_logprobs"] = start is not None and start >= 0
+            if start is not None and start >= 0:
+                options["logprob_start_len"] = start  # past the prompt: refused once tokenized
         if req.priority is not None:
             options["priority"] = req.priority
         rid = rids[i] if rids is not None else (base if not batch else f"{base}-{i}")

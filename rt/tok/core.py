@@ -185,6 +185,12 @@ class TokenizerCore:
                 )
             truncated = len(ids) - budget
             ids = ids[truncated:]  # keep the end of the prompt: the part the answer follows
+        start = req.sampling.logprob_start_len
+        if req.sampling.prompt_logprobs and start >= len(ids):
+            raise InvalidRequestError(
+                f"logprob_start_len: expected a position in the prompt, below its {len(ids)} "
+                f"tokens, got {start}"
+            )
         arr = np.asarray(ids, dtype=np.int64)
         return Scheduled(req.rid, arr, req.sampling, req.priority), Tokenized(
             req.rid, arr, truncated

@@ -61,6 +61,9 @@ CASES: list[tuple[str, Any, str]] = [
     ("/generate", {"text": ["a", "b"], "sampling_params": [ONE]}, "sampling_params"),
     ("/generate", {"text": "x", "logprob_start_len": 0}, "logprob_start_len"),
     ("/generate", {"text": "x", "logprob_start_len": -2, "return_logprob": True}, "logprob_start"),
+    # past the prompt's last position: once 200 with no prompt logprobs; SGLang refuses it
+    ("/generate", {"input_ids": [5, 6, 7], "logprob_start_len": 3, "return_logprob": True}, "3 t"),
+    ("/generate", {"text": "x", "logprob_start_len": 50, "return_logprob": True}, "got 50"),
     ("/v1/completions", {}, "prompt"),
     ("/v1/completions", {"prompt": []}, "prompt"),
     ("/v1/completions", {"prompt": [[]]}, "prompt"),

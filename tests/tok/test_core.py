@@ -67,6 +67,23 @@ def test_context_overflow_is_refused_or_truncated(core, tokenizer) -> None:
     assert sched.input_ids.tolist() == long[4:] and tok.truncated == 4
 
 
+def test_prompt_logprobs_from_a_position_past_the_prompt_are_refused(core) -> None:
+    def asking(rid: str, start: int, logprobs: bool = True) -> GenerateRequest:
+        sampling = SamplingParams(prompt_logprobs=logprobs, logprob_start_len=start)
+        return GenerateRequest(rid, input_ids=(5, 6, 7), sampling=sampling)
+
+    results = core.process(
+        [asking("last", 2), asking("past", 3), asking("unasked", 3, False), asking("neg", -1)]
+    )
+    refused = {r.rid: r.message for r in results if isinstance(r, Refused)}
+    assert set(refused) == {"past", "neg"}  # from the last position on it is fine
+    assert (
+        "logprob_start_len: expected a position in the prompt, below its 3 tokens, got 3"
+        in (refused["past"])
+    )
+    assert "logprob_start_len" in refused["neg"]
+
+
 def test_a_text_too_long_for_any_tokenization_is_refused_or_cut_before_encoding(
     core, tokenizer
 ) -> None:
