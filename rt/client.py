@@ -37,6 +37,7 @@ import trio
 import trio_websocket
 
 from rt import errors
+from rt.groups import raise_as_is
 
 __all__ = ["Client", "Delta", "RemoteError", "Stream", "connect", "ws_url"]
 
@@ -321,13 +322,10 @@ async def connect(
             # exception: let it out as it was raised.
             if len(group.exceptions) != 1:
                 raise
-            only, context = group.exceptions[0], group.exceptions[0].__context__
+            only = group.exceptions[0]
             if isinstance(only, trio_websocket.ConnectionRejected):
                 said = (only.body or b"").decode(errors="replace")[:500]
                 raise errors.Broken(
                     f"{target} refused the WebSocket handshake with HTTP {only.status_code}: {said}"
                 ) from only
-            try:
-                raise only
-            finally:
-                only.__context__ = context
+            raise_as_is(only)

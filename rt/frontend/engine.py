@@ -50,6 +50,7 @@ from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
 from rt.frontend.tokenizer_queues import TokenizerQueues
 from rt.frontend.wiring import SCHEDULER, supervisor_spec
+from rt.groups import only, raise_as_is
 from rt.messages import (
     Abort,
     CloseStream,
@@ -281,7 +282,9 @@ class Engine:
         """The caller is done with ``rid``: it leaves the table, and if it had not
         finished (cancellation, an error, an abandoned stream) it is aborted."""
         record = self.table.remove(rid)
-        self._waiters.pop(rid, None)
+        waiter = self._waiters.pop(rid, None)
+        if waiter is not None:
+            waiter.close()  # a reader in another task sees the end instead of waiting for ever
         self._tok_queues.forget(rid)
         if record is not None and not record.finished and not self._closing:
             self._queue(self._to_sched, Abort(rid))
@@ -567,21 +570,31 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     if isinstance(plan, str):
         plan = FaultPlan.load(plan)
     _, vocab_size = opts.model_limits()
-    async with open_supervisor(spec, fault_plan=plan) as supervisor:
-        engine = Engine(opts, supervisor, vocab_size)
-        try:
-            async with trio.open_nursery() as nursery:
-                for rx in engine._from_tok:
-                    nursery.start_soon(engine.route_tokenized, rx)
-                nursery.start_soon(engine.route_deltas)
-                nursery.start_soon(engine.send_control)
-                nursery.start_soon(engine.watch_scheduler)
-                nursery.start_soon(engine.watch_stalls)
-                if threading.current_thread() is threading.main_thread():
-                    nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
-                try:
-                    yield engine
-                finally:
-                    nursery.cancel_scope.cancel()
-        finally:
-            engine.close()  # after the routing tasks are gone: they use the rings
+    raised: list[BaseException] = []  # by the body of the ``async with``
+    try:
+        async with open_supervisor(spec, fault_plan=plan) as supervisor:
+            engine = Engine(opts, supervisor, vocab_size)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for rx in engine._from_tok:
+                        nursery.start_soon(engine.route_tokenized, rx)
+                    nursery.start_soon(engine.route_deltas)
+                    nursery.start_soon(engine.send_control)
+                    nursery.start_soon(engine.watch_scheduler)
+                    nursery.start_soon(engine.watch_stalls)
+                    if threading.current_thread() is threading.main_thread():
+                        nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
+                    try:
+                        yield engine
+                    except BaseException as err:
+                        raised.append(err)
+                        raise
+                    finally:
+                        nursery.cancel_scope.cancel()
+            finally:
+                engine.close()  # after the routing tasks are gone: they use the rings
+    except BaseExceptionGroup as group:
+        # what the body raised, as itself (rt/groups.py); beside an escalation, a group
+        if raised and only(group, raised[0]):
+            raise_as_is(raised[0])
+        raise

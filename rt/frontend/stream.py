@@ -36,6 +36,8 @@ class Stream:
         self.meta: Meta | None = None
         self._prompt_logprobs_sent = False
         self._next: Update | Refused | None = None  # received while coalescing, not yet given
+        self._token = trio.lowlevel.current_trio_token()
+        self._reading = False  # a task is in __anext__ (one at a time, as trio's channels)
         # the engine is held from submission until the stream is closed (its end read,
         # left, or collected): a drain then waits for a reader still handling the
         # last chunk, whose request is no longer live
@@ -47,10 +49,23 @@ class Stream:
     async def __anext__(self) -> Chunk:
         if self._done:
             raise StopAsyncIteration
+        if self._reading:
+            raise trio.BusyResourceError("another task is already reading this stream")
+        self._reading = True
+        try:
+            return await self._read()
+        finally:
+            self._reading = False
+
+    async def _read(self) -> Chunk:
         try:
             if self._updates is None:
                 self._hold.enter_context(self._engine.hold())
-                self._updates = await self._engine._submit(self._req, self.rid)
+                updates = await self._engine._submit(self._req, self.rid)
+                self._updates = updates
+                if self._done:  # closed by another task while it was being submitted
+                    self._engine._leave(self._req.rid)
+                    raise StopAsyncIteration
             item = self._next
             self._next = None
             if item is None:
@@ -64,7 +79,9 @@ class Stream:
             self.close()
             raise
         item = self._coalesce(item)
-        record = self._engine.table.records[self._req.rid]
+        record = self._engine.table.records.get(self._req.rid)
+        if record is None:  # closed by another task since
+            raise StopAsyncIteration
         seq = record.seqs[item.index]
         self.meta = record_meta(record)
         sampling, end = record.req.sampling, item.offset + len(item.ids)
@@ -77,6 +94,8 @@ class Stream:
             if sampling.top_logprobs
             else None
         )
+        if record.finished and self._next is None and self._drained():
+            self.close()  # its last chunk: the rid is free again and a drain need not wait
         ids = prompt = prompt_top = None
         if record.prompt_logprobs is not None and not self._prompt_logprobs_sent:
             self._prompt_logprobs_sent = True
@@ -125,6 +144,10 @@ class Stream:
             )
         return item
 
+    def _drained(self) -> bool:
+        assert self._updates is not None
+        return self._updates.statistics().current_buffer_used == 0
+
     def close(self) -> None:
         """Stop: abort the request if it has not finished."""
         if not self._done:
@@ -138,7 +161,12 @@ class Stream:
         await trio.lowlevel.checkpoint()
 
     def __del__(self) -> None:
-        self.close()
+        # The collector may run this in any thread, or inside trio's own work: the
+        # abort is handed to the engine's trio thread (closing here, from a worker
+        # thread, once left the engine's control sender asleep for good).
+        if not self._done:
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self.close)
 
 
 def refusal_error(refused: Refused) -> errors.RtError:

@@ -1,0 +1,131 @@
+"""A stream used from more than one task, read to its last chunk, or closed
+while it is read; and what the body of ``open_engine`` raises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+import rt
+from rt.errors import InvalidRequestError
+
+OPTIONS: dict[str, Any] = dict(max_total_tokens=8192)
+LONG = dict(max_new_tokens=400, ignore_eos=True, temperature=0.0)
+
+
+async def reusable(engine: rt.Engine, rid: str) -> None:
+    """The rid is free again (it was "already in flight" for good before), and
+    nothing is left in the table or the scheduler."""
+    with trio.fail_after(30):
+        out = await engine.generate("again", rid=rid, max_new_tokens=2)
+    assert len(out.output_ids) == 2
+    assert not engine.table.records
+    stats = await engine.scheduler_stats(lambda s: s.running == 0 and s.waiting == 0)
+    assert stats.request_tokens == 0, stats
+
+
+async def test_a_stream_closed_by_another_task_ends_its_reader(tiny_model) -> None:
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        # closed while its reader is still submitting it: the request is aborted
+        stream, got = engine.stream("hello", rid="A", **LONG), []
+
+        async def read(s: rt.Stream) -> None:
+            async for chunk in s:
+                got.append(chunk)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read, stream)
+                await trio.lowlevel.checkpoint()  # the reader is inside the submission
+                stream.close()
+        assert len(got) <= 1  # it once read on, or stopped silently with the rest running
+        await reusable(engine, "A")
+
+        # closed while its reader waits for the next chunk: the reader ends (it hung)
+        await engine.pause_generation()
+        stream, got = engine.stream("hello", rid="B", **LONG), []
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read, stream)
+                while not any(r.input_ids is not None for r in engine.table.live()):
+                    await trio.sleep(0.01)  # tokenized: the reader waits for a first token
+                await stream.aclose()
+        assert got == []
+        await engine.continue_generation()
+        await reusable(engine, "B")
+
+
+async def test_one_reader_at_a_time(tiny_model) -> None:
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        stream, counts, errors = engine.stream("hello", rid="C", max_new_tokens=30), [], []
+
+        async def read() -> None:
+            try:
+                counts.append(sum([1 async for _ in stream]))
+            except trio.BusyResourceError as err:
+                errors.append(str(err))
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                nursery.start_soon(read)
+        assert errors == ["another task is already reading this stream"]
+        assert len(counts) == 1 and counts[0] >= 1
+        await reusable(engine, "C")
+
+
+async def test_a_stream_read_to_its_last_chunk_is_done(tiny_model) -> None:
+    """``if chunk.finish_reason: break``, the stream still bound: the request is
+    over, its rid free, and nothing holds a drain back."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        for n in (1, 3):
+            stream = engine.stream("hello", rid="D", max_new_tokens=5, n=n, ignore_eos=True)
+            finished = 0
+            async for chunk in stream:
+                finished += chunk.finish_reason is not None
+                if finished == n:
+                    break
+            assert finished == n
+            assert engine.table.records == {} and engine._holds == 0
+            await reusable(engine, "D")
+            assert [c async for c in stream] == []  # and it says so when asked again
+
+
+async def test_what_the_body_raises_comes_out_as_itself(tiny_model) -> None:
+    """Not wrapped in the nurseries' groups: ``except KeyError`` around the
+    ``async with`` catches it (it took ``except* KeyError``)."""
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+            await engine.generate("x", temperature=-1.0)
+    mine = KeyError("mine")
+    with pytest.raises(KeyError) as caught:
+        async with rt.open_engine(str(tiny_model), **OPTIONS):
+            raise mine
+    assert caught.value is mine and mine.__context__ is None
+
+
+async def test_a_stream_collected_in_another_thread_is_aborted_in_the_engines(
+    tiny_model,
+) -> None:
+    """The garbage collector frees an abandoned stream wherever it runs: in a
+    worker thread that once left the engine's control sender asleep for good
+    (every later request hung, and the ``async with`` never exited)."""
+    import gc
+
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        stream = engine.stream("hello", rid="E", **LONG)
+        async for _ in stream:
+            break  # no: leaving the loop closes it; drop it in a cycle instead
+        stream = engine.stream("hello", rid="F", **LONG)
+        await stream.__anext__()
+        cycle: list[Any] = [stream]
+        cycle.append(cycle)
+        del stream, cycle
+        gc.disable()
+        try:
+            await trio.to_thread.run_sync(gc.collect)
+        finally:
+            gc.enable()
+        await reusable(engine, "F")
