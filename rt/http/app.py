@@ -136,7 +136,10 @@ class App:
             return True
         for name, value in scope["headers"]:
             if name.lower() == b"authorization":
-                return hmac.compare_digest(value, f"Bearer {self._key}".encode())
+                scheme, _, credentials = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(  # any case: RFC 9110
+                    credentials, self._key.encode()
+                )
         return False
 
     def _check_key(self, scope: Scope) -> None:

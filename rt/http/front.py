@@ -84,7 +84,15 @@ class Front:
 
     @contextmanager
     def admit(self, count: int) -> Iterator[None]:
-        """Room for ``count`` more generations, or 503 with Retry-After."""
+        """Room for ``count`` more generations, or 503 with Retry-After (a 400 for
+        more than the server ever holds: retrying could not help)."""
+        if self.limit is not None and count > self.limit:
+            raise HTTPError(
+                400,
+                f"the request asks for {count} generations (prompts × n), more than the "
+                f"server ever holds ({self.limit}: --max-running-requests + "
+                "--max-queued-requests); send fewer at a time",
+            )
         if self.limit is not None and self.admitted + count > self.limit:
             self.metrics.rejected.inc(count)
             raise HTTPError(

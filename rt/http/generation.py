@@ -91,7 +91,7 @@ async def run(
     cancels the others and is raised. ``limited``: subject to the queue limit."""
     results: list[Result | None] = [None] * len(jobs)
     failures: list[HTTPError] = []
-    with front.admit(len(jobs) if limited else 0):
+    with front.admit(sum(_samples(job) for job in jobs) if limited else 0):
         async with trio.open_nursery() as nursery:
             for i, job in enumerate(jobs):
                 nursery.start_soon(
@@ -165,3 +165,9 @@ def _count(front: Front, result: Result) -> None:
     for seq in result.seqs:
         if seq.finish_reason is not None:
             metrics.finished.labels(seq.finish_reason).inc()
+
+
+def _samples(job: Job) -> int:
+    """The generations ``job`` asks for (its ``n``; a bad one is the engine's to refuse)."""
+    n = job.options.get("n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_N else 1

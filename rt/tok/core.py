@@ -177,11 +177,15 @@ class TokenizerCore:
         truncated = 0
         if len(ids) > budget:
             if not req.allow_auto_truncate or budget < 1:
+                advice = (
+                    "lower max_new_tokens"
+                    if req.allow_auto_truncate
+                    else ("shorten the prompt, lower max_new_tokens, or set allow_auto_truncate")
+                )  # truncating cannot help when max_new_tokens alone fills the context
                 raise ContextOverflowError(
                     f"the prompt has {len(ids)} tokens and max_new_tokens is "
                     f"{req.sampling.max_new_tokens}, together over the context length "
-                    f"{self.context_length}; shorten the prompt, lower max_new_tokens, "
-                    "or set allow_auto_truncate"
+                    f"{self.context_length}; {advice}"
                 )
             truncated = len(ids) - budget
             ids = ids[truncated:]  # keep the end of the prompt: the part the answer follows

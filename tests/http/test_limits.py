@@ -61,6 +61,12 @@ def test_api_key_on_every_endpoint_but_health(server: Server) -> None:
                 assert response.status_code == 401, (method, path, headers)
                 assert response.json()["error"]["code"] == "invalid_api_key"
         assert client.get("/v1/models", headers=AUTH).status_code == 200
+        for scheme in ("bearer", "BEARER"):  # the scheme is case-insensitive (RFC 9110)
+            headers = {"Authorization": f"{scheme} {KEY}"}
+            assert client.get("/v1/models", headers=headers).status_code == 200
+        assert (
+            client.get("/v1/models", headers={"Authorization": f"Basic {KEY}"}).status_code == 401
+        )
         body = {"prompt": "x", "max_tokens": 2}
         assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
 
@@ -131,6 +137,12 @@ async def test_past_the_queue_limit_503_and_the_accepted_are_unaffected(server: 
         assert [len(o["output_ids"]) for o in outputs] == [60] * 4
         assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outputs)
         assert (await client.post("/generate", json=long_body(2))).status_code == 200
+        # more than the server ever holds: a 400, never a 503 to retry for ever
+        batch = {"text": ["a", "b", "c", "d", "e"], "sampling_params": {"max_new_tokens": 1}}
+        for body in (batch, {"text": "a", "sampling_params": {"max_new_tokens": 1, "n": 5}}):
+            too_many = await client.post("/generate", json=body)
+            assert too_many.status_code == 400, too_many.text
+            assert "asks for 5 generations" in too_many.json()["error"]["message"]
 
 
 async def test_disconnect_mid_stream_frees_the_kv_at_once(server: Server) -> None:

@@ -65,6 +65,12 @@ def test_context_overflow_is_refused_or_truncated(core, tokenizer) -> None:
         [GenerateRequest("t", input_ids=tuple(long), sampling=sampling, allow_auto_truncate=True)]
     )
     assert sched.input_ids.tolist() == long[4:] and tok.truncated == 4
+    whole = SamplingParams(max_new_tokens=256)  # the budget alone fills the context
+    (refused,) = core.process(
+        [GenerateRequest("w", input_ids=(5,), sampling=whole, allow_auto_truncate=True)]
+    )
+    assert isinstance(refused, Refused) and refused.error == "ContextOverflowError"
+    assert refused.message.endswith("; lower max_new_tokens"), refused.message
 
 
 def test_prompt_logprobs_from_a_position_past_the_prompt_are_refused(core) -> None:
