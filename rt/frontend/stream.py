@@ -94,8 +94,6 @@ class Stream:
             if sampling.top_logprobs
             else None
         )
-        if record.finished and self._next is None and self._drained():
-            self.close()  # its last chunk: the rid is free again and a drain need not wait
         ids = prompt = prompt_top = None
         if record.prompt_logprobs is not None and not self._prompt_logprobs_sent:
             self._prompt_logprobs_sent = True
@@ -143,10 +141,6 @@ class Stream:
                 item.offset,
             )
         return item
-
-    def _drained(self) -> bool:
-        assert self._updates is not None
-        return self._updates.statistics().current_buffer_used == 0
 
     def close(self) -> None:
         """Stop: abort the request if it has not finished."""

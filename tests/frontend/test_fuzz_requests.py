@@ -247,6 +247,12 @@ def sampling_args() -> dict[str, Arg]:
         ),
         "logprobs": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "prompt_logprobs": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
+        "logprob_start_len": arg(  # 0: any prompt has that position (past it: tests/tok)
+            st.just(0),
+            st.integers(max_value=-1) | NOT_INT,
+            ok_edges=[0],
+            bad_edges=[-1, 0.0, None, True, 10**30],
+        ),
         "top_logprobs": arg(
             st.integers(0, 20),
             st.integers(max_value=-1) | st.integers(min_value=1025) | NOT_INT,
