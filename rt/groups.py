@@ -11,7 +11,7 @@ import trio
 
 def only(group: BaseExceptionGroup, err: BaseException) -> bool:
     """Whether ``err`` is in ``group`` and every other leaf of it is a Cancelled."""
-    leaves = list(_leaves(group, err))
+    leaves = list(_leaves(group))
     return any(e is err for e in leaves) and all(
         e is err or isinstance(e, trio.Cancelled) for e in leaves
     )
@@ -27,9 +27,10 @@ def raise_as_is(err: BaseException) -> NoReturn:
         err.__context__, err.__suppress_context__ = context, suppress
 
 
-def _leaves(group: BaseExceptionGroup, err: BaseException) -> Iterator[BaseException]:
+def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
+    # (a group the body raised is not found: the nurseries hold derived copies of it)
     for e in group.exceptions:
-        if isinstance(e, BaseExceptionGroup) and e is not err:  # the body may raise a group
-            yield from _leaves(e, err)
+        if isinstance(e, BaseExceptionGroup):
+            yield from _leaves(e)
         else:
             yield e

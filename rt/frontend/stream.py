@@ -61,8 +61,7 @@ class Stream:
         try:
             if self._updates is None:
                 self._hold.enter_context(self._engine.hold())
-                updates = await self._engine._submit(self._req, self.rid)
-                self._updates = updates
+                self._updates = await self._engine._submit(self._req, self.rid)
                 if self._done:  # closed by another task while it was being submitted
                     self._engine._leave(self._req.rid)
                     raise StopAsyncIteration

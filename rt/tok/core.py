@@ -177,11 +177,12 @@ class TokenizerCore:
         truncated = 0
         if len(ids) > budget:
             if not req.allow_auto_truncate or budget < 1:
+                # truncating cannot help when max_new_tokens alone fills the context
                 advice = (
                     "lower max_new_tokens"
                     if req.allow_auto_truncate
-                    else ("shorten the prompt, lower max_new_tokens, or set allow_auto_truncate")
-                )  # truncating cannot help when max_new_tokens alone fills the context
+                    else "shorten the prompt, lower max_new_tokens, or set allow_auto_truncate"
+                )
                 raise ContextOverflowError(
                     f"the prompt has {len(ids)} tokens and max_new_tokens is "
                     f"{req.sampling.max_new_tokens}, together over the context length "
