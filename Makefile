@@ -9,10 +9,11 @@ TORCH  := torch==2.13.0
 .PHONY: setup serve test lint bench-ipc clean
 
 # torch goes in first, pinned: any other spec pulls the CUDA build.
-$(STAMP): pyproject.toml
+# constraints.txt: the versions the suite passed with (a release cannot break CI unseen).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)

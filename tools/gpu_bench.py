@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import random
 import sys
@@ -355,10 +356,13 @@ def hf_decode(model: Any, batch: int, plan: Plan) -> tuple[float, float]:
     ids = torch.tensor(prompts, device=device)
     cache_len = plan.prompt_len + plan.warmup + plan.steps + 1
     cache = transformers.StaticCache(config=model.config, max_cache_len=cache_len)
+    # transformers 5.24 renamed forward's past_key_values to cache (the old name warns)
+    params = inspect.signature(model.forward).parameters
+    kv = {"cache" if "cache" in params else "past_key_values": cache}
     with torch.inference_mode():
         out = model(
             input_ids=ids,
-            past_key_values=cache,
+            **kv,
             use_cache=True,
             cache_position=torch.arange(plan.prompt_len, device=device),
             logits_to_keep=1,
@@ -370,7 +374,7 @@ def hf_decode(model: Any, batch: int, plan: Plan) -> tuple[float, float]:
             for pos in range(first, first + count):
                 out = model(
                     input_ids=tok[:, None],
-                    past_key_values=cache,
+                    **kv,
                     use_cache=True,
                     cache_position=torch.tensor([pos], device=device),
                 )
