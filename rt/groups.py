@@ -17,6 +17,13 @@ def only(group: BaseExceptionGroup, err: BaseException) -> bool:
     )
 
 
+def made_of(err: BaseException, *kinds: type[BaseException]) -> bool:
+    """Whether ``err`` is one of ``kinds``, or a group whose every leaf is."""
+    if isinstance(err, BaseExceptionGroup):
+        return all(made_of(e, *kinds) for e in err.exceptions)
+    return isinstance(err, kinds)
+
+
 def raise_as_is(err: BaseException) -> NoReturn:
     """Raise ``err`` from inside an ``except`` of its group, its own context kept
     (not the group it was caught in)."""

@@ -263,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body or WebSocket frame in bytes; larger gets 413 (default: %(default)s)",
     )
     server.add_argument(
+        "--body-timeout",
+        type=float,
+        default=Settings.body_timeout,
+        help="seconds a request body may take to arrive after its headers; then 408 (default: %(default)s)",
+    )
+    server.add_argument(
         "--allow-auto-truncate",
         action="store_true",
         help="cut prompts over the context instead of refusing them with 400",
@@ -311,6 +317,10 @@ def http_settings(args: argparse.Namespace) -> Settings:
         raise errors.ConfigError(
             f"--max-body-size: expected a positive size, got {args.max_body_size}"
         )
+    if not args.body_timeout > 0:
+        raise errors.ConfigError(
+            f"--body-timeout: expected a positive number of seconds, got {args.body_timeout}"
+        )
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         raise errors.ConfigError(
             f"--max-queued-requests: expected 0 or more, got {args.max_queued_requests}"
@@ -321,6 +331,7 @@ def http_settings(args: argparse.Namespace) -> Settings:
         served_model_name=args.served_model_name,
         api_key=args.api_key,
         max_body_size=args.max_body_size,
+        body_timeout=args.body_timeout,
         max_queued_requests=args.max_queued_requests,
         allow_auto_truncate=args.allow_auto_truncate,
     )
@@ -343,6 +354,9 @@ async def serve(options: dict[str, Any], settings: Settings) -> None:
     # it is up they cancel the start-up; after its drain they are ignored, so that
     # a second one cannot kill the process before its children and segments are gone.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        if _outside:
+            log.warning("%s: stopping before the start-up", _outside[0])
+            return
         async with trio.open_nursery() as nursery:
             state: dict[str, Any] = {"engine": None}
             nursery.start_soon(_outer_signals, signals, nursery.cancel_scope, state)
@@ -403,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = http_settings(args)
     except errors.ConfigError as err:
         parser.error(str(err))
+    _outside.clear()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _remember)
     try:
         trio.run(serve, options, settings)
     except (errors.RtError, BaseExceptionGroup) as err:
@@ -420,9 +437,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_outside: list[str] = []  # the signals that came while no trio receiver had them
+
+
+def _remember(signum: int, frame: Any) -> None:
+    """SIGTERM and SIGINT outside the run's receivers: before one opens (serve
+    then stops at once), and as the last closes, where it redelivers one that
+    came while the engine was stopping (a supervisor repeating itself); that must
+    not turn a clean exit into death by signal."""
+    _outside.append(signal.Signals(signum).name)
+
+
 def _ignore_signals() -> None:
-    """Everything is stopped and unlinked: a late SIGTERM or SIGINT (a supervisor
-    repeating itself) must not turn a clean exit into death by signal."""
+    """Everything is stopped and unlinked: ignored from here on, as the
+    interpreter's exit puts back the default action of a Python handler."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
 

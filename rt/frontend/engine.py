@@ -30,7 +30,6 @@ import functools
 import itertools
 import logging
 import math
-import signal
 import threading
 import time
 import uuid
@@ -45,12 +44,13 @@ from rt import errors
 from rt.actors import ActorState, ActorStatus, Supervisor, open_supervisor
 from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
+from rt.frontend.drain import stop_on_signal
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
 from rt.frontend.tokenizer_queues import TokenizerQueues
 from rt.frontend.wiring import SCHEDULER, supervisor_spec
-from rt.groups import only, raise_as_is
+from rt.groups import made_of, only, raise_as_is
 from rt.messages import (
     Abort,
     CloseStream,
@@ -515,24 +515,10 @@ class Engine:
         finally:
             self._holds -= 1
 
-    async def stop_on_signal(self, cancel_scope: trio.CancelScope) -> None:
-        """SIGTERM or SIGINT: refuse new requests, let those in flight finish for
-        at most ``drain_timeout``, then end the ``async with`` body (cancelled)."""
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                self.stopped_by = signal.Signals(signum).name
-                self._closing = True
-                log.warning(
-                    "%s: draining %d request(s) for at most %g s",
-                    self.stopped_by,
-                    len(self.table.live()),
-                    self.options.drain_timeout,
-                )
-                with trio.move_on_after(self.options.drain_timeout):
-                    while self.table.live() or self._holds:
-                        await trio.sleep(0.05)
-                cancel_scope.cancel()
-                return
+    def refuse_live(self, message: str) -> None:
+        """Fail every request in flight alone, with EngineShutdownError."""
+        for record in self.table.live():
+            self._fail(Refused(record.rid, "EngineShutdownError", message))
 
     def close(self) -> None:
         self._closing = True
@@ -561,9 +547,11 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
 
     In the main thread, SIGTERM and SIGINT stop the engine gracefully: new
     requests are refused (EngineShutdownError), those in flight get up to
-    ``drain_timeout`` seconds to finish, then the body is cancelled and the
+    ``drain_timeout`` seconds to finish (a second signal: none), those left then
+    fail with EngineShutdownError (escaping the body, it ends it as the stop
+    would), then the body is cancelled and the
     ``async with`` exits normally, with every process stopped and every segment
-    unlinked; ``engine.stopped_by`` names the signal."""
+    unlinked; ``engine.stopped_by`` names the signal (rt/frontend/drain.py)."""
     opts = EngineOptions.build(model_path=model_path, **options)
     spec = supervisor_spec(opts)
     plan = opts.fault_plan
@@ -583,10 +571,14 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
                     nursery.start_soon(engine.watch_scheduler)
                     nursery.start_soon(engine.watch_stalls)
                     if threading.current_thread() is threading.main_thread():
-                        nursery.start_soon(engine.stop_on_signal, nursery.cancel_scope)
+                        nursery.start_soon(stop_on_signal, engine, nursery.cancel_scope)
                     try:
                         yield engine
                     except BaseException as err:
+                        if engine.stopped_by and made_of(
+                            err, errors.EngineShutdownError, trio.Cancelled
+                        ):
+                            return  # what the drain cut off: the stop, as asked
                         raised.append(err)
                         raise
                     finally:

@@ -71,13 +71,14 @@ class App:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(Exchange(scope, receive, send))
+            await self._http(Exchange(scope, receive, send, self.front.settings.body_timeout))
         elif kind == "websocket":
             if scope["path"] != "/ws":
                 await receive()
                 await send({"type": "websocket.close", "code": 1008, "reason": "no such endpoint"})
                 return
-            await ws.websocket(self.front, scope, receive, send, self._authorized(scope))
+            refusal = None if self._authorized(scope) else key_error()
+            await ws.websocket(self.front, scope, receive, send, refusal)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
@@ -106,12 +107,15 @@ class App:
             return
         if not route.open:
             self._check_key(ex.scope)
-        with self.front.engine.hold():  # a drain waits until the answer is written
-            if route.body:
-                body = await ex.read_body(self.front.settings.max_body_size)
+        # Only then does a drain wait for it, until its answer is written: a body
+        # still arriving is not the engine's (a stalled one held a drain for good).
+        if route.body:
+            body = await ex.read_body(self.front.settings.max_body_size)
+            with self.front.engine.hold():
                 await route.handler(self.front, ex, body)
-            else:
-                await ex.discard_body()
+        else:
+            await ex.discard_body()
+            with self.front.engine.hold():
                 await route.handler(self.front, ex)
 
     async def _other(self, ex: Exchange) -> None:
@@ -144,12 +148,17 @@ class App:
 
     def _check_key(self, scope: Scope) -> None:
         if not self._authorized(scope):
-            raise HTTPError(
-                401,
-                "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
-                "with the key the server was started with (--api-key)",
-                code="invalid_api_key",
-            )
+            raise key_error()
+
+
+def key_error() -> HTTPError:
+    return HTTPError(
+        401,
+        "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
+        "with the key the server was started with (--api-key)",
+        code="invalid_api_key",
+        headers=[("www-authenticate", "Bearer")],  # RFC 9110: a 401 names its scheme
+    )
 
 
 _KNOWN = {path for _, path in ROUTES} | {"/openapi.json", "/v1/models"}

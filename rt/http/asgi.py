@@ -90,7 +90,9 @@ class ClientDisconnected(Exception):
 class Exchange:
     """One HTTP request and its response."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(
+        self, scope: Scope, receive: Receive, send: Send, body_timeout: float = 60.0
+    ) -> None:
         self.scope = scope
         self.method: str = scope["method"]
         self.path: str = scope["path"]
@@ -100,12 +102,28 @@ class Exchange:
         self._receive = receive
         self._send = send
         self._body_done = False
+        self._body_timeout = body_timeout
+        self._body_deadline: float | None = None  # set when the body is first read
         self.started = False  # the response's status line has been sent
         self.status = 0  # its status (0: none was sent)
         self.disconnected = False
 
     async def read_body(self, limit: int) -> bytes:
-        """The whole body; 413 past ``limit`` bytes."""
+        """The whole body; 413 past ``limit`` bytes, 408 when it has not all
+        arrived ``body_timeout`` seconds after its reading began (a client that
+        sends headers and then nothing would hold its connection for ever)."""
+        if self._body_deadline is None:
+            self._body_deadline = trio.current_time() + self._body_timeout
+        with trio.move_on_at(self._body_deadline):
+            return await self._read_body(limit)
+        self._body_done = True  # what is left is never read: the connection closes
+        raise HTTPError(
+            408,
+            f"the request body did not arrive within {self._body_timeout:g} s (--body-timeout)",
+            code="request_timeout",
+        )
+
+    async def _read_body(self, limit: int) -> bytes:
         declared = self.headers.get("content-length", "")
         too_big = declared.isdigit() and int(declared) > limit
         chunks: list[bytes] = []

@@ -13,13 +13,15 @@ class Settings:
     ``max_running_requests + max_queued_requests`` generations in flight, a new
     one gets 503 with ``Retry-After`` (None: no limit). ``allow_auto_truncate``:
     the default for every request (a prompt over the context is cut instead of
-    refused)."""
+    refused). ``body_timeout``: seconds a request body may take to arrive, from
+    its headers (then 408 and the connection closes)."""
 
     host: str = "127.0.0.1"
     port: int = 30000
     served_model_name: str | None = None
     api_key: str | None = None
     max_body_size: int = 16 << 20
+    body_timeout: float = 60.0
     max_queued_requests: int | None = None
     retry_after_s: int = 1
     allow_auto_truncate: bool = False
@@ -27,4 +29,5 @@ class Settings:
 
     def __post_init__(self) -> None:
         assert self.max_body_size > 0, self.max_body_size
+        assert self.body_timeout > 0, self.body_timeout
         assert self.max_queued_requests is None or self.max_queued_requests >= 0

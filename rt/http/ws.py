@@ -199,13 +199,25 @@ class Connection:
 
 
 async def websocket(
-    front: Front, scope: Any, receive: Receive, send: Send, authorized: bool
+    front: Front, scope: Any, receive: Receive, send: Send, refusal: HTTPError | None
 ) -> None:
+    """Serve one connection; ``refusal`` (a missing API key) answers the handshake."""
     message = await receive()
     if message["type"] != "websocket.connect":
         return
-    if not authorized:
-        await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
+    if refusal is not None:
+        if "websocket.http.response" in scope.get("extensions", {}):  # hypercorn's is
+            body = encode(refusal.body())
+            headers = [(k.encode(), v.encode()) for k, v in refusal.headers]
+            headers += [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ]
+            start = {"type": "websocket.http.response.start", "status": refusal.status}
+            await send({**start, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:  # a server without the extension refuses the handshake with a 403
+            await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
         return
     await send({"type": "websocket.accept"})
     await Connection(front, send).serve(receive)

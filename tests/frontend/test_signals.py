@@ -15,10 +15,11 @@ import pytest
 SCRIPT = r"""
 import sys, trio, rt
 from rt.actors.faultplan import FaultPlan
+from rt.errors import EngineShutdownError
 
 slow = FaultPlan.from_dict(
     {"seed": 1, "faults": [{"actor": "scheduler", "point": "step", "action": "delay",
-                            "delay_ms": 10, "times": 0}]}
+                            "delay_ms": int(sys.argv[2]), "times": 0}]}
 )
 
 async def main():
@@ -28,7 +29,11 @@ async def main():
         await engine.generate("warm", max_new_tokens=2)
         async with trio.open_nursery() as nursery:
             async def long():
-                out = await engine.generate("busy", max_new_tokens=300, ignore_eos=True)
+                try:
+                    out = await engine.generate("busy", max_new_tokens=300, ignore_eos=True)
+                except EngineShutdownError as err:  # what the stop cut off; it ends the body
+                    print("CUT OFF:", err, flush=True)
+                    raise
                 print("FINISHED", len(out.output_ids), flush=True)
             nursery.start_soon(long)
             await trio.sleep(0.3)
@@ -68,7 +73,7 @@ def alive(pid: int) -> bool:
 )
 def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished: bool) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(drain)],
+        [sys.executable, "-c", SCRIPT, str(drain), "10"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -85,12 +90,40 @@ def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished:
         proc.wait()
     assert proc.returncode == 0, err[-2000:]
     assert ("FINISHED 300" in out) is finished, out
+    assert ("CUT OFF: the engine stopped" in out) is not finished, out
     assert f"STOPPED BY {signal.Signals(sig).name}" in out
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in actors) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in actors if alive(pid)]
     assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{proc.pid}_")]
+
+
+@pytest.mark.slow
+def test_a_second_signal_ends_the_drain_at_once() -> None:
+    """Ctrl-C twice: the second one used to be ignored for the whole drain."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, "300", "200"],  # a 300 s drain; 300 steps of 200 ms
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().strip() == "READY"
+        proc.send_signal(signal.SIGINT)
+        for line in proc.stderr:
+            if "draining" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=40)  # the request alone needs 60 s
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert "CUT OFF: the engine stopped (SIGINT) before the request finished" in out, out
+    assert "STOPPED BY SIGINT" in out
+    assert "SIGINT again: stopping now" in err
 
 
 HOLD_SCRIPT = r"""

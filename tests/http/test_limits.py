@@ -5,6 +5,7 @@ forward pass) and 20 ms scheduler steps, so requests stay in flight."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from trio_websocket import open_websocket_url
 KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY_LIMIT = 64 * 1024
+BODY_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--max-running-requests=2",
         "--max-queued-requests=2",
         f"--max-body-size={BODY_LIMIT}",
+        f"--body-timeout={BODY_TIMEOUT_S}",
         "--allow-auto-truncate",
     ) as s:
         yield s
@@ -80,9 +83,14 @@ async def test_api_key_on_the_websocket(server: Server) -> None:
             b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         )
+        answer = b""
         with trio.fail_after(10):
-            status_line = await stream.receive_some(4096)
-    assert status_line.startswith(b"HTTP/1.1 403"), status_line
+            while chunk := await stream.receive_some(4096):  # to EOF
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 401"), answer  # it was a bare 403
+    assert b"www-authenticate: bearer" in head.lower()
+    assert json.loads(body)["error"]["code"] == "invalid_api_key"
     async with open_websocket_url(url, extra_headers=[("Authorization", f"Bearer {KEY}")]) as ws:
         await ws.send_message(
             json.dumps(
@@ -101,6 +109,24 @@ def test_body_over_the_limit_is_413(server: Server) -> None:
     response = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=30)
     assert response.status_code == 413
     assert str(BODY_LIMIT) in response.json()["error"]["message"]
+
+
+def test_a_body_that_stops_arriving_is_408_and_its_connection_closed(server: Server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        head = (
+            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"text": "he')  # and then nothing
+        answer = b""
+        while chunk := sock.recv(65536):  # to EOF: the server closes the connection
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 408 ", answer
+    assert f"within {BODY_TIMEOUT_S} s (--body-timeout)".encode() in rest
+    health = httpx.get(f"{server.url}/health", timeout=30)
+    assert health.status_code == 200
 
 
 def test_a_prompt_over_the_context_is_truncated_when_allowed(server: Server) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import httpx
 import pytest
 import trio
 from serverlib import SLOW_STEPS, alive, children_of, running_server, start_server, write_plan
+from trio_websocket import open_websocket_url
 
 from rt.config import EngineOptions
 from rt.serve import ENGINE_FLAGS, SWITCHES, build_parser, main
@@ -147,7 +149,10 @@ async def test_sigterm_refuses_new_requests_drains_and_exits_0(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_a_signal_during_start_up_stops_cleanly() -> None:
+@pytest.mark.parametrize(("sig", "times"), [(signal.SIGINT, 1), (signal.SIGTERM, 5)])
+def test_a_signal_during_start_up_stops_cleanly(sig: int, times: int) -> None:
+    """Repeated (a supervisor repeating itself while the start-up stops), a later
+    one must not kill rt-serve before its children and segments are gone."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "rt.serve", "--port", "0"],
         stdin=subprocess.DEVNULL,
@@ -164,7 +169,9 @@ def test_a_signal_during_start_up_stops_cleanly() -> None:
                 break
         children = children_of(proc.pid)
         assert children
-        proc.send_signal(signal.SIGINT)
+        for _ in range(times):
+            proc.send_signal(sig)
+            time.sleep(0.1)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -212,3 +219,111 @@ def test_scheduler_cpus_pin_the_scheduler_apart_from_the_front_and_the_other_act
         assert threads_cpus(again["pid"]) == mine
         second = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
         assert second["output_ids"] == first["output_ids"]
+
+
+async def sse_events(
+    client: httpx.AsyncClient, body: dict[str, Any], first: trio.Event
+) -> list[Any]:
+    """The events of one streamed /generate, to its end; ``first`` is set at the first."""
+    events: list[Any] = []
+    async with client.stream("POST", "/generate", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+                first.set()
+    return events
+
+
+def stalled_upload(server_url: str) -> socket.socket:
+    """A connection whose request body never comes."""
+    host, port = server_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    return sock
+
+
+LONG = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}
+# 200 ms a step: LONG takes 100 s, past every wait below
+SLOWER_STEPS = {
+    "seed": 1,
+    "faults": [
+        {"actor": "scheduler", "point": "step", "action": "delay", "delay_ms": 200, "times": 0}
+    ],
+}
+
+
+@pytest.mark.slow
+async def test_what_a_drain_leaves_fails_with_an_error_its_client_reads(tmp_path: Path) -> None:
+    """The drain runs out (1 s) on an SSE stream and a WebSocket request that need
+    100 s more, beside an upload whose body never comes (not the engine's: it does
+    not hold the drain): both fail with an error that says so, and the server exits
+    0 long before the upload's --body-timeout."""
+    plan = write_plan(tmp_path / "slower.json", SLOWER_STEPS)
+    server = start_server(
+        "--load-format=null", f"--fault-plan={plan}", "--drain-timeout=1", "--body-timeout=300"
+    )
+    upload = stalled_upload(server.url)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            ws_url = server.url.replace("http://", "ws://") + "/ws"
+            async with open_websocket_url(ws_url) as ws, trio.open_nursery() as nursery:
+                body = {k: v for k, v in LONG.items() if k != "stream"}  # /ws streams always
+                await ws.send_message(json.dumps({"id": "w", "type": "generate", **body}))
+                reply = json.loads(await ws.get_message())
+                assert reply["type"] == "delta", reply
+                first = trio.Event()
+                sse: list[list[Any]] = []
+                nursery.start_soon(lambda: _append(sse, sse_events(client, LONG, first)))
+                await first.wait()
+                server.proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                with trio.fail_after(60):
+                    while (frame := json.loads(await ws.get_message()))["type"] == "delta":
+                        pass
+        code = server.stop()
+    finally:
+        upload.close()
+        if server.proc.poll() is None:
+            server.stop()
+    assert code == 0
+    assert time.monotonic() - signalled < 60  # the upload would hold it 300 s
+    assert frame["type"] == "error" and frame["status"] == 503, frame
+    assert "stopped (SIGTERM) before the request finished" in frame["message"]
+    [events] = sse
+    assert events[-1] == "[DONE]"
+    assert "stopped (SIGTERM)" in events[-2]["error"]["message"], events[-2]
+
+
+async def _append(into: list[Any], result: Any) -> None:
+    into.append(await result)
+
+
+@pytest.mark.slow
+async def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path / "slower.json", SLOWER_STEPS)
+    server = start_server("--load-format=null", f"--fault-plan={plan}", "--drain-timeout=300")
+    try:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+            trio.open_nursery() as nursery,
+        ):
+            first = trio.Event()
+            sse: list[list[Any]] = []
+            nursery.start_soon(lambda: _append(sse, sse_events(client, LONG, first)))
+            await first.wait()
+            server.proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(10):
+                while (await client.get("/health")).status_code != 503:
+                    await trio.sleep(0.02)
+            server.proc.send_signal(signal.SIGINT)
+            signalled = time.monotonic()
+        code = server.stop()
+    finally:
+        if server.proc.poll() is None:
+            server.stop()
+    assert code == 0
+    assert time.monotonic() - signalled < 60  # not the 300 s drain
+    [events] = sse
+    assert events[-1] == "[DONE]"
+    assert "stopped (SIGTERM)" in events[-2]["error"]["message"], events[-2]
+    assert any("SIGINT again: stopping now" in line for line in server.log), server.log[-5:]
