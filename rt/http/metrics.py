@@ -31,7 +31,7 @@ class EngineState:
 
     running: int  # requests in flight that have their first token
     waiting: int  # requests in flight still waiting for it
-    scheduler: SchedulerStats | None  # the scheduler's last idle report
+    scheduler: SchedulerStats | None  # the scheduler's last report (idle, or each second busy)
     actors: tuple[ActorStatus, ...]
 
 
@@ -125,12 +125,12 @@ class _EngineCollector(Collector):
             total = stats.request_tokens + stats.cached_tokens + stats.free_tokens
             yield _gauge(
                 "rt_kv_cache_usage",
-                "Share of KV slots held by requests, at the scheduler's last idle report",
+                "Share of KV slots held by requests, at the scheduler's last report",
                 stats.request_tokens / total if total else 0.0,
             )
             yield _gauge(
                 "rt_kv_cache_cached_tokens",
-                "KV slots held by the prefix cache, at the scheduler's last idle report",
+                "KV slots held by the prefix cache, at the scheduler's last report",
                 stats.cached_tokens,
             )
             retractions = CounterMetricFamily(

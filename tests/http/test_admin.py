@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from functools import partial
+from typing import Any
 
 import httpx
 import trio
@@ -65,6 +67,41 @@ def test_metrics_parse_and_move(default_server: Server) -> None:
         assert name in after
     assert 0 <= after["rt_kv_cache_usage{}"] <= 1
     assert "rt_retractions_total{}" in after
+
+
+async def test_the_scheduler_state_is_reported_while_it_is_busy(default_server: Server) -> None:
+    """/server_info and rt_kv_cache_usage used to show the scheduler's last idle
+    report (nothing running, no KV held) for as long as it stayed busy."""
+    params = {"max_new_tokens": 480, "ignore_eos": True}
+    body = {"text": "In the beginning", "sampling_params": params}
+    seen: dict[str, Any] = {}
+    usage = 0.0
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
+        done = trio.Event()
+
+        async def load() -> None:
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(partial(client.post, "/generate", json=body))
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(load)
+            while not done.is_set() and not seen:
+                scheduler = (await client.get("/server_info")).json()["scheduler"]
+                if scheduler is not None and scheduler["running"] >= 1:
+                    seen = scheduler
+                    text = (await client.get("/metrics")).text
+                    usage = next(
+                        sample.value
+                        for family in text_string_to_metric_families(text)
+                        for sample in family.samples
+                        if sample.name == "rt_kv_cache_usage"
+                    )
+                await trio.sleep(0.05)
+    assert seen, "no report showed a request running while four decoded 480 tokens each"
+    assert seen["request_tokens"] > 0
+    assert usage > 0
 
 
 async def test_abort_request_by_rid(default_server: Server) -> None:
