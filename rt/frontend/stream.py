@@ -101,6 +101,14 @@ class Stream:
                 record.prompt_logprobs,
                 record.prompt_top_logprobs,
             )
+        if (
+            record.finished
+            and self._next is None
+            and self._updates.statistics().current_buffer_used == 0
+        ):
+            # the last chunk: its rid is free for a new request at once, though the
+            # stream holds the engine until it is closed (its reader may still be at work)
+            self._engine._leave(self._req.rid)
         return Chunk(
             self.rid,
             item.index,

@@ -109,3 +109,21 @@ async def test_a_stream_collected_in_another_thread_is_aborted_in_the_engines(
         finally:
             gc.enable()
         await reusable(engine, "F")
+
+
+async def test_a_stream_read_to_its_last_chunk_frees_its_rid(tiny_model) -> None:
+    """``if chunk.finish_reason: break`` leaves the stream open (``async for``
+    does not close it): its rid was refused as in flight until it was closed."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        stream = engine.stream("hello", rid="D", n=2, max_new_tokens=6, ignore_eos=True)
+        ids: dict[int, list[int]] = {0: [], 1: []}
+        with trio.fail_after(30):
+            async for chunk in stream:
+                ids[chunk.index] += chunk.output_ids
+                if all(len(got) == 6 for got in ids.values()):
+                    assert chunk.finish_reason == "length"
+                    break  # the last chunk; the stream stays open
+        await reusable(engine, "D")
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+        await stream.aclose()
