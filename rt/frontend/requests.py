@@ -344,7 +344,7 @@ def _as_received(req: GenerateRequest) -> GenerateRequest:
     cannot use. The checks above leave nothing for this to find; it is the
     net under them."""
     try:
-        data = msgspec.msgpack.encode(req)
+        data = msgspec.msgpack.encode(req, enc_hook=_plain)
     except (TypeError, ValueError, OverflowError, RecursionError) as err:
         raise InvalidRequestError(f"the request cannot be sent: {err}") from err
     try:
@@ -352,6 +352,18 @@ def _as_received(req: GenerateRequest) -> GenerateRequest:
     except ValueError as err:  # msgspec.ValidationError: a field of the wrong type
         raise InvalidRequestError(f"a parameter has the wrong type: {_named(err)}") from err
     return received
+
+
+def _plain(value: Any) -> Any:
+    """A subclass of str, int or float (the checks above accept one) as the plain
+    value, without calling what the subclass may override."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__index__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    raise NotImplementedError(f"Encoding objects of type {type(value).__name__} is unsupported")
 
 
 def _named(err: ValueError) -> str:

@@ -248,6 +248,31 @@ def test_what_is_repaired() -> None:
     assert len(build_request("hi", {"rid": None}, VOCAB).rid) == 32
 
 
+class Text(str):
+    def __str__(self) -> str:  # not called: the plain value is taken as it is
+        raise AssertionError("called")
+
+
+class Count(int):
+    pass
+
+
+class Ratio(float):
+    pass
+
+
+def test_subclasses_of_str_int_and_float_are_taken_as_their_plain_values() -> None:
+    """They passed every check, then failed to encode with a message naming no field."""
+    options = {"rid": Text("r"), "stop": [Text("end")], "max_new_tokens": Count(3)}
+    req = build_request(Text("hi"), {**options, "temperature": Ratio(0.5)}, VOCAB)
+    assert (req.text, req.rid, req.detok.stop) == ("hi", "r", ("end",))
+    assert type(req.text) is str and type(req.rid) is str and type(req.detok.stop[0]) is str
+    assert req.sampling.max_new_tokens == 3 and type(req.sampling.max_new_tokens) is int
+    assert req.sampling.temperature == 0.5 and type(req.sampling.temperature) is float
+    ids = build_request([Count(5), Count(6)], {}, VOCAB).input_ids
+    assert ids == (5, 6) and all(type(i) is int for i in ids)
+
+
 def test_float_fields_are_the_sampling_parameters_typed_float() -> None:
     assert sorted(FLOAT_FIELDS) == [
         "frequency_penalty",
