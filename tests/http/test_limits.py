@@ -18,7 +18,7 @@ from trio_websocket import open_websocket_url
 KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY_LIMIT = 64 * 1024
-BODY_TIMEOUT_S = 2
+BODY_TIMEOUT_S = 3  # the other tests here send their bodies at once
 
 
 @pytest.fixture(scope="module")
