@@ -13,12 +13,14 @@ Client → server (JSON text frames)::
 
 A bad frame is answered with an error frame for its id (null when it has
 none) and never closes the connection. The client leaving aborts every
-generation it had in flight. Frames go out through one writer task, with a
+generation it had in flight; a server that stops closes each connection with
+1001 once what it had in flight has been answered. Frames go out through one writer task, with a
 bounded queue in front: a slow reader holds back its own generations only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -34,6 +36,8 @@ from rt.http.schemas import GenerateRequest, WsFrame, loads, parse
 log = logging.getLogger(__name__)
 
 OUT_QUEUE = 256  # frames waiting for the writer
+CLOSE_TIMEOUT_S = 1.0
+GOING = "the server is shutting down"
 
 
 class Connection:
@@ -44,15 +48,25 @@ class Connection:
         self.in_flight: dict[str | int, trio.CancelScope] = {}
 
     async def serve(self, receive: Receive) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._write, nursery.cancel_scope)
-            while True:
-                message = await receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                if message["type"] == "websocket.receive":
-                    await self._on_frame(nursery, message)
-            nursery.cancel_scope.cancel()
+        left = False
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write, nursery.cancel_scope)
+                while True:
+                    message = await receive()
+                    if message["type"] == "websocket.disconnect":
+                        left = True
+                        break
+                    if message["type"] == "websocket.receive":
+                        await self._on_frame(nursery, message)
+                nursery.cancel_scope.cancel()
+        finally:
+            if not left and self.front.stopping:  # cancelled by the stop: say so (not 1006)
+                with trio.move_on_after(CLOSE_TIMEOUT_S) as scope, contextlib.suppress(Exception):
+                    scope.shield = True
+                    await self._send({"type": "websocket.close", "code": 1001, "reason": GOING})
+                    while (await receive())["type"] != "websocket.disconnect":
+                        pass  # the client's close frame: the handshake is complete
 
     async def _write(self, connection: trio.CancelScope) -> None:
         async for frame in self._out_recv:
