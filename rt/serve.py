@@ -423,7 +423,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(serve, options, settings)
     except (errors.RtError, BaseExceptionGroup) as err:
-        _ignore_signals()
         cause = _rt_error(err)
         if cause is None:
             raise
@@ -433,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             cause,
         )
         return EXIT_ESCALATED if isinstance(cause, errors.EscalationError) else 1
-    _ignore_signals()
+    finally:
+        _ignore_signals()
     return 0
 
 

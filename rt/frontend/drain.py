@@ -32,7 +32,7 @@ async def stop_on_signal(engine: Engine, cancel_scope: trio.CancelScope) -> None
     with trio.open_signal_receiver(*SIGNALS) as signals:
         name = signal.Signals(await signals.__anext__()).name
         engine.stopped_by = name
-        engine._closing = True
+        engine.refusing = True  # those given up on meanwhile are still aborted
         log.warning(
             "%s: draining %d request(s) for at most %g s (a second signal stops at once)",
             name,

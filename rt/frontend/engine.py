@@ -140,7 +140,8 @@ class Engine:
         )
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
         self._round_robin = itertools.count()
-        self._closing = False
+        self._closing = False  # the rings are closing: nothing more is sent
+        self.refusing = False  # a drain: new requests are refused, the rest goes on
         self._holds = 0  # callers answering for requests that left the table (hold())
         self._epoch = supervisor.status().actor(SCHEDULER).incarnation
         self._stats: Latest[SchedulerStats] = Latest()
@@ -247,7 +248,7 @@ class Engine:
     async def _submit(
         self, req: GenerateRequest, user_rid: str
     ) -> trio.MemoryReceiveChannel[Update | Refused]:
-        if self._closing:
+        if self._closing or self.refusing:
             raise errors.EngineShutdownError("the engine is shutting down; no new requests")
         await self._wait_healthy()
         while self.table.isolating:  # suspects of a crash are being told apart

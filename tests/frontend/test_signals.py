@@ -126,6 +126,63 @@ def test_a_second_signal_ends_the_drain_at_once() -> None:
     assert "SIGINT again: stopping now" in err
 
 
+GIVEN_UP_SCRIPT = r"""
+import trio, rt
+from rt.actors.faultplan import FaultPlan
+
+slow = FaultPlan.from_dict(
+    {"seed": 1, "faults": [{"actor": "scheduler", "point": "step", "action": "delay",
+                            "delay_ms": 20, "times": 0}]}
+)
+
+async def main():
+    async with rt.open_engine(load_format="null", drain_timeout=60.0, fault_plan=slow) as engine:
+        async with trio.open_nursery() as nursery:
+            given_up = trio.CancelScope()
+
+            async def long(scope):
+                with scope:
+                    out = await engine.generate("busy", max_new_tokens=400, ignore_eos=True)
+                    print("FINISHED", len(out.output_ids), flush=True)
+
+            nursery.start_soon(long, trio.CancelScope())
+            nursery.start_soon(long, given_up)
+            await engine.scheduler_stats(lambda s: s.running == 2)
+            print("READY", flush=True)
+            while not engine.stopped_by:
+                await trio.sleep(0.01)
+            given_up.cancel()  # as a client that leaves during the drain
+            with trio.fail_after(5):  # the other has 6 s or more to go
+                await engine.scheduler_stats(lambda s: s.running == 1)
+            print("ABORTED", flush=True)
+    print("STOPPED BY", engine.stopped_by, flush=True)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_a_request_given_up_during_the_drain_is_aborted() -> None:
+    """It generated to its end (the drain sent no Abort), holding a batch slot
+    and KV that the requests being drained needed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GIVEN_UP_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert out.splitlines() == ["ABORTED", "FINISHED 400", "STOPPED BY SIGTERM"], out
+
+
 HOLD_SCRIPT = r"""
 import trio, rt
 

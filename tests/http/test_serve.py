@@ -256,8 +256,8 @@ SLOWER_STEPS = {
 async def test_what_a_drain_leaves_fails_with_an_error_its_client_reads(tmp_path: Path) -> None:
     """The drain runs out (1 s) on an SSE stream and a WebSocket request that need
     100 s more, beside an upload whose body never comes (not the engine's: it does
-    not hold the drain): both fail with an error that says so, and the server exits
-    0 long before the upload's --body-timeout."""
+    not hold the drain): all three get an error that says so (the upload a 503),
+    and the server exits 0 long before the upload's --body-timeout."""
     plan = write_plan(tmp_path / "slower.json", SLOWER_STEPS)
     server = start_server(
         "--load-format=null", f"--fault-plan={plan}", "--drain-timeout=1", "--body-timeout=300"
@@ -288,12 +288,16 @@ async def test_what_a_drain_leaves_fails_with_an_error_its_client_reads(tmp_path
                     await ws._stream.aclose()
                 assert closed.value.reason.code == 1001  # going away (it was a bare 1006)
         code = server.stop()
+        answer = b""
+        while chunk := upload.recv(65536):  # to EOF
+            answer += chunk
     finally:
         upload.close()
         if server.proc.poll() is None:
             server.stop()
     assert code == 0
     assert time.monotonic() - signalled < 60  # the upload would hold it 300 s
+    assert answer.startswith(b"HTTP/1.1 503 "), answer  # not a dropped connection
     assert frame["type"] == "error" and frame["status"] == 503, frame
     assert "stopped (SIGTERM) before the request finished" in frame["message"]
     [events] = sse
