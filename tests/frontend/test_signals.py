@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -65,15 +66,19 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("sig", "drain", "finished"),
-    [(signal.SIGTERM, 60.0, True), (signal.SIGINT, 60.0, True), (signal.SIGTERM, 0.0, False)],
-    ids=["sigterm-drains", "sigint-drains", "sigterm-no-grace"],
-)
-def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished: bool) -> None:
+@dataclass
+class Signalled:
+    out: str
+    err: str
+    pid: int
+    actors: list[int]  # its actor processes, as they were at READY
+
+
+def signal_at_ready(script: str, *argv: str, sig: int = signal.SIGTERM) -> Signalled:
+    """Run ``script`` until it prints READY, send it ``sig``, and wait for it to
+    exit 0."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(drain), "10"],
+        [sys.executable, "-c", script, *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -82,13 +87,25 @@ def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "READY"
         actors = children_of(proc.pid)
-        assert len(actors) == 3
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == 0, err[-2000:]
+    return Signalled(out, err, proc.pid, actors)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "drain", "finished"),
+    [(signal.SIGTERM, 60.0, True), (signal.SIGINT, 60.0, True), (signal.SIGTERM, 0.0, False)],
+    ids=["sigterm-drains", "sigint-drains", "sigterm-no-grace"],
+)
+def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished: bool) -> None:
+    run = signal_at_ready(SCRIPT, str(drain), "10", sig=sig)
+    out, actors = run.out, run.actors
+    assert len(actors) == 3
     assert ("FINISHED 300" in out) is finished, out
     assert ("CUT OFF: the engine stopped" in out) is not finished, out
     assert f"STOPPED BY {signal.Signals(sig).name}" in out
@@ -96,7 +113,7 @@ def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished:
     while any(alive(pid) for pid in actors) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in actors if alive(pid)]
-    assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{proc.pid}_")]
+    assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{run.pid}_")]
 
 
 @pytest.mark.slow
@@ -165,21 +182,7 @@ trio.run(main)
 def test_a_request_given_up_during_the_drain_is_aborted() -> None:
     """It generated to its end (the drain sent no Abort), holding a batch slot
     and KV that the requests being drained needed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", GIVEN_UP_SCRIPT],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, err[-2000:]
+    out = signal_at_ready(GIVEN_UP_SCRIPT).out
     assert out.splitlines() == ["ABORTED", "FINISHED 400", "STOPPED BY SIGTERM"], out
 
 
@@ -233,19 +236,5 @@ def test_a_drain_waits_for_answers_still_being_written(script: str) -> None:
     and ``[DONE]`` (a truncated stream under load). A caller holding the engine
     (``Engine.hold()``: every HTTP answer and WebSocket generation does, and an
     ``engine.stream()`` until it is closed) is waited for."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "READY"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, err[-2000:]
+    out = signal_at_ready(script).out
     assert out.splitlines() == ["ANSWERED 4", "STOPPED BY SIGTERM"], out
