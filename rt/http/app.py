@@ -12,24 +12,28 @@ from pydantic (rt/http/schemas.py, rt/http/openapi.py).
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
 from rt.http import admin, native, openai_api, ws
-from rt.http.asgi import ClientDisconnected, Exchange, HTTPError, Receive, Scope, Send
+from rt.http.asgi import (
+    ClientDisconnected,
+    Exchange,
+    HTTPError,
+    Receive,
+    Scope,
+    Send,
+    last_word,
+)
 from rt.http.front import Front
 from rt.http.openapi import document
 
 log = logging.getLogger(__name__)
 Handler = Callable[..., Awaitable[None]]
 MODELS_PREFIX = "/v1/models/"
-FAREWELL_S = 1.0  # for a last answer once the server is stopping
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ class App:
                 await ex.error(HTTPError(500, "internal error; the server log has the traceback"))
         finally:
             if not ex.started and not ex.disconnected and self.front.stopping:
-                await _refuse_at_stop(ex)  # cancelled by the stop before it answered
+                with last_word():  # cancelled by the stop before it answered: not a drop
+                    await ex.error(HTTPError(503, "the server is shutting down"))
             status = "499" if ex.disconnected else str(ex.status)  # 499: the client left
             endpoint = ex.path if ex.path in _KNOWN else "other"
             self.front.metrics.requests.labels(endpoint, status).inc()
@@ -113,16 +118,15 @@ class App:
             return
         if not route.open:
             self._check_key(ex.scope)
-        # Only then does a drain wait for it, until its answer is written: a body
-        # still arriving is not the engine's (a stalled one held a drain for good).
+        args: tuple[bytes, ...] = ()
         if route.body:
-            body = await ex.read_body(self.front.settings.max_body_size)
-            with self.front.engine.hold():
-                await route.handler(self.front, ex, body)
+            args = (await ex.read_body(self.front.settings.max_body_size),)
         else:
             await ex.discard_body()
-            with self.front.engine.hold():
-                await route.handler(self.front, ex)
+        # Only now does a drain wait for it, until its answer is written: a body
+        # still arriving is not the engine's (a stalled one held a drain for good).
+        with self.front.engine.hold():
+            await route.handler(self.front, ex, *args)
 
     async def _other(self, ex: Exchange) -> None:
         if ex.path.startswith(MODELS_PREFIX) and ex.method == "GET":
@@ -155,13 +159,6 @@ class App:
     def _check_key(self, scope: Scope) -> None:
         if not self._authorized(scope):
             raise key_error()
-
-
-async def _refuse_at_stop(ex: Exchange) -> None:
-    """A 503, not a dropped connection (a request whose body was still arriving)."""
-    with trio.move_on_after(FAREWELL_S) as scope, contextlib.suppress(Exception):
-        scope.shield = True
-        await ex.error(HTTPError(503, "the server is shutting down", code="shutting_down"))
 
 
 def key_error() -> HTTPError:

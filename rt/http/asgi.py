@@ -15,8 +15,8 @@ StreamingResponse on hypercorn's trio worker does exactly this).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, MutableMapping
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 import msgspec
@@ -81,6 +81,18 @@ class HTTPError(Exception):
                 "code": self.code if self.code is not None else self.status,
             }
         }
+
+
+LAST_WORD_S = 1.0
+
+
+@contextmanager
+def last_word() -> Iterator[None]:
+    """Around a last message to a client as the server stops: shielded from the
+    stop's cancellation, at most LAST_WORD_S, and given up if the peer is gone."""
+    with trio.move_on_after(LAST_WORD_S) as scope, suppress(Exception):
+        scope.shield = True
+        yield
 
 
 class ClientDisconnected(Exception):

@@ -14,20 +14,20 @@ Client → server (JSON text frames)::
 A bad frame is answered with an error frame for its id (null when it has
 none) and never closes the connection. The client leaving aborts every
 generation it had in flight; a server that stops closes each connection with
-1001 once what it had in flight has been answered. Frames go out through one writer task, with a
-bounded queue in front: a slow reader holds back its own generations only.
+1001 once what it had in flight has been answered. Frames go out through one
+writer task, with a bounded queue in front: a slow reader holds back its own
+generations only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
 import trio
 
 from rt.http import native
-from rt.http.asgi import HTTPError, Message, Receive, Send, encode
+from rt.http.asgi import HTTPError, Message, Receive, Send, encode, last_word
 from rt.http.engine_port import Delta
 from rt.http.front import Front
 from rt.http.generation import Result, run
@@ -36,7 +36,6 @@ from rt.http.schemas import GenerateRequest, WsFrame, loads, parse
 log = logging.getLogger(__name__)
 
 OUT_QUEUE = 256  # frames waiting for the writer
-CLOSE_TIMEOUT_S = 1.0
 GOING = "the server is shutting down"
 
 
@@ -62,8 +61,7 @@ class Connection:
                 nursery.cancel_scope.cancel()
         finally:
             if not left and self.front.stopping:  # cancelled by the stop: say so (not 1006)
-                with trio.move_on_after(CLOSE_TIMEOUT_S) as scope, contextlib.suppress(Exception):
-                    scope.shield = True
+                with last_word():
                     await self._send({"type": "websocket.close", "code": 1001, "reason": GOING})
                     while (await receive())["type"] != "websocket.disconnect":
                         pass  # the client's close frame: the handshake is complete

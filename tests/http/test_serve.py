@@ -221,17 +221,16 @@ def test_scheduler_cpus_pin_the_scheduler_apart_from_the_front_and_the_other_act
         assert second["output_ids"] == first["output_ids"]
 
 
-async def sse_events(
-    client: httpx.AsyncClient, body: dict[str, Any], first: trio.Event
-) -> list[Any]:
-    """The events of one streamed /generate, to its end; ``first`` is set at the first."""
-    events: list[Any] = []
+async def read_sse(
+    client: httpx.AsyncClient, body: dict[str, Any], events: list[Any], first: trio.Event
+) -> None:
+    """The events of one streamed /generate into ``events``, to its end; ``first``
+    is set at the first."""
     async with client.stream("POST", "/generate", json=body) as response:
         async for line in response.aiter_lines():
             if line.startswith("data: "):
                 events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
                 first.set()
-    return events
 
 
 def stalled_upload(server_url: str) -> socket.socket:
@@ -272,8 +271,8 @@ async def test_what_a_drain_leaves_fails_with_an_error_its_client_reads(tmp_path
                 reply = json.loads(await ws.get_message())
                 assert reply["type"] == "delta", reply
                 first = trio.Event()
-                sse: list[list[Any]] = []
-                nursery.start_soon(lambda: _append(sse, sse_events(client, LONG, first)))
+                events: list[Any] = []
+                nursery.start_soon(read_sse, client, LONG, events, first)
                 await first.wait()
                 server.proc.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
@@ -300,13 +299,8 @@ async def test_what_a_drain_leaves_fails_with_an_error_its_client_reads(tmp_path
     assert answer.startswith(b"HTTP/1.1 503 "), answer  # not a dropped connection
     assert frame["type"] == "error" and frame["status"] == 503, frame
     assert "stopped (SIGTERM) before the request finished" in frame["message"]
-    [events] = sse
     assert events[-1] == "[DONE]"
     assert "stopped (SIGTERM)" in events[-2]["error"]["message"], events[-2]
-
-
-async def _append(into: list[Any], result: Any) -> None:
-    into.append(await result)
 
 
 @pytest.mark.slow
@@ -319,8 +313,8 @@ async def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path) -> None:
             trio.open_nursery() as nursery,
         ):
             first = trio.Event()
-            sse: list[list[Any]] = []
-            nursery.start_soon(lambda: _append(sse, sse_events(client, LONG, first)))
+            events: list[Any] = []
+            nursery.start_soon(read_sse, client, LONG, events, first)
             await first.wait()
             server.proc.send_signal(signal.SIGTERM)
             with trio.fail_after(10):
@@ -334,7 +328,6 @@ async def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path) -> None:
             server.stop()
     assert code == 0
     assert time.monotonic() - signalled < 60  # not the 300 s drain
-    [events] = sse
     assert events[-1] == "[DONE]"
     assert "stopped (SIGTERM)" in events[-2]["error"]["message"], events[-2]
     assert any("SIGINT again: stopping now" in line for line in server.log), server.log[-5:]
