@@ -42,7 +42,7 @@ async def stop_on_signal(engine: Engine, cancel_scope: trio.CancelScope) -> None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cut_short_on_signal, signals, nursery.cancel_scope)
             with trio.move_on_after(engine.options.drain_timeout):
-                while engine.table.live() or engine._holds:
+                while engine.table.live() or engine.held:
                     await trio.sleep(POLL_S)
             nursery.cancel_scope.cancel()
         late = len(engine.table.live())
@@ -50,7 +50,7 @@ async def stop_on_signal(engine: Engine, cancel_scope: trio.CancelScope) -> None
             log.warning("%d request(s) still in flight: failing them", late)
             engine.refuse_live(f"the engine stopped ({name}) before the request finished")
             with trio.move_on_after(FAREWELL_S):
-                while engine._holds:
+                while engine.held:
                     await trio.sleep(POLL_S)
         cancel_scope.cancel()
 

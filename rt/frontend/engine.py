@@ -516,6 +516,11 @@ class Engine:
         finally:
             self._holds -= 1
 
+    @property
+    def held(self) -> bool:
+        """Whether a caller is still answering for a request (see hold())."""
+        return self._holds > 0
+
     def refuse_live(self, message: str) -> None:
         """Fail every request in flight alone, with EngineShutdownError."""
         for record in self.table.live():
