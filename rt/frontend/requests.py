@@ -20,8 +20,9 @@ Refused (where SGLang's and vLLM's servers answer 400):
 * token ids outside the vocabulary (the prompt, stop_token_ids, logit_bias);
 * a prompt given as an empty list of ids or of messages (text may be empty:
   the tokenizer may add a BOS token, and says so if it does not);
-* chat messages that are not objects with a string ``role`` and a string
-  ``content`` (content parts and ``content=None`` are not supported yet), or
+* chat messages that are not objects with a string ``role`` and a
+  ``content`` that is a string or a list of text parts (other parts and
+  ``content=None`` are not supported yet), or
   whose other fields are not JSON values (string keys, finite numbers, at most
   ``MAX_JSON_DEPTH`` levels);
 * stop strings that are empty, more than ``MAX_STOP_STRINGS``, or longer than
@@ -182,13 +183,35 @@ def _messages(name: str, messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
                     f"{where}: expected a '{key}' field, got the fields "
                     f"{', '.join(sorted(map(show, msg))) or 'none'}"
                 )
-            if not isinstance(msg[key], str):
-                raise InvalidRequestError(
-                    f"{where}.{key}: expected a string, got {described(msg[key])}"
-                )
+        if not isinstance(msg["role"], str):
+            raise InvalidRequestError(
+                f"{where}.role: expected a string, got {described(msg['role'])}"
+            )
         _json(where, msg, 0)
-        out.append(dict(msg))
+        out.append({**msg, "content": _content(f"{where}.content", msg["content"])})
     return tuple(out)
+
+
+def _content(where: str, content: Any) -> str:
+    """A message's text: a string, or OpenAI's content parts when every one is
+    text (``{"type": "text", "text": ...}``), joined by newlines as vLLM does."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise InvalidRequestError(
+            f"{where}: expected a string or a list of text parts, got {described(content)}"
+        )
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            got = f"a part of type {show(kind)}" if kind is not None else described(part)
+            raise InvalidRequestError(
+                f"{where}[{i}]: expected a text part ({{'type': 'text', 'text': <string>}}), "
+                f"got {got} (rt serves text models only)"
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def _json(where: str, value: Any, depth: int) -> None:

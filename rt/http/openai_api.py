@@ -22,6 +22,7 @@ from rt.http.openai_format import (
     chat_logprobs,
     completion_logprobs,
     echo_logprobs,
+    text_offsets,
     usage,
     with_echo,
 )
@@ -149,7 +150,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
     if req.logprobs is not None:
         options["logprobs"] = True
         options["top_logprobs"] = req.logprobs
-        options["prompt_logprobs"] = req.echo  # echo's tokens come with theirs
+        options["prompt_logprobs"] = bool(req.echo)  # echo's tokens come with theirs
     if req.logprobs is not None or (req.echo and not all(isinstance(p, str) for p in prompts)):
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
@@ -171,8 +172,9 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         "created": int(time.time()),
         "model": served_name(front),
     }
+    skip_special = req.skip_special_tokens is not False  # the output's text leaves them out
     if req.stream:
-        await _stream_completions(front, ex, req, jobs, head, echoes, n, rename)
+        await _stream_completions(front, ex, req, jobs, head, echoes, n, rename, skip_special)
         return
     async with ex.cancel_on_disconnect():
         results = await run(front, jobs, rename=rename)
@@ -186,9 +188,14 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                     "index": i * n + j,
                     "text": echoes[i] + seq.text,
                     "logprobs": with_echo(
-                        echo_logprobs(front, result.prompt) if req.echo else None,
+                        echo_logprobs(front, result.prompt, echoes[i]) if req.echo else None,
                         completion_logprobs(
-                            front, seq.output_ids, seq.logprobs, seq.top_logprobs, len(echoes[i])
+                            front,
+                            seq.output_ids,
+                            seq.logprobs,
+                            seq.top_logprobs,
+                            len(echoes[i]),
+                            skip_special,
                         ),
                     )
                     if req.logprobs is not None
@@ -219,8 +226,9 @@ async def _stream_completions(
     echoes: list[str],
     n: int,
     rename: dict[str, str],
+    skip_special: bool,
 ) -> None:
-    offsets: dict[int, int] = {}  # characters sent, per choice
+    offsets: dict[int, int] = {}  # where the next token's text starts, per choice
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
 
@@ -235,9 +243,10 @@ async def _stream_completions(
                 delta.logprobs or (),
                 delta.top_logprobs or (),
                 offsets.get(index, 0),
+                skip_special,
             )
             if echo is not None:
-                logprobs = with_echo(echo_logprobs(front, echo), logprobs)
+                logprobs = with_echo(echo_logprobs(front, echo, echoes[index // n]), logprobs)
         return {
             "index": index,
             "text": text,
@@ -259,7 +268,8 @@ async def _stream_completions(
             "choices": [choice(index, text, seq, delta, delta.finish_reason, echo)],
             **extra,
         }
-        offsets[index] += len(delta.text)
+        if req.logprobs is not None:  # (text held back for a stop string is no matter)
+            offsets[index] = text_offsets(front, delta.output_ids, offsets[index], skip_special)[1]
         return [event]
 
     def tail_of(results: list[Result]) -> list[Any]:

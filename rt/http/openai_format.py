@@ -1,4 +1,4 @@
-"""OpenAI's shapes for usage and logprobs (token strings from the front's tokenizer)."""
+"""OpenAI's shapes for usage and logprobs (token strings and bytes from the front's tokenizer)."""
 
 from __future__ import annotations
 
@@ -27,39 +27,50 @@ def completion_logprobs(
     logprobs: Sequence[float],
     tops: Sequence[TopLogprobs],
     offset: int,
+    skip_special: bool,
 ) -> dict[str, Any]:
-    """The legacy completions format; ``offset``: where these tokens' text starts."""
+    """The legacy completions format; ``offset``: where these tokens' text
+    starts in the choice's text (see text_offsets)."""
     text = front.tokens.text
-    tokens = [text(t) for t in ids]
-    offsets = []
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token)
     return {
-        "tokens": tokens,
+        "tokens": [text(t) for t in ids],
         "token_logprobs": list(logprobs),
         "top_logprobs": [{text(t): lp for t, lp in top} for top in tops] if tops else None,
-        "text_offset": offsets,
+        "text_offset": text_offsets(front, ids, offset, skip_special)[0],
     }
 
 
-def echo_logprobs(front: Front, prompt: Prompt | None) -> dict[str, Any] | None:
-    """The echoed prompt's part of the legacy format: its first token has no
-    logprob (nothing comes before it), as OpenAI's."""
+def text_offsets(
+    front: Front, ids: Sequence[int], offset: int, skip_special: bool, text: str | None = None
+) -> tuple[list[int], int]:
+    """Where each token starts in the choice's text, and where the next would:
+    each token is as long as its own text, but a special token the text leaves
+    out is not there at all (an output's, with ``skip_special``; the BOS the
+    tokenizer put before an echoed ``text``, which does not hold it)."""
+    offsets = []
+    for t in ids:
+        offsets.append(offset)
+        token = front.tokens.text(t)
+        if front.tokens.special(t) and (
+            skip_special if text is None else not text.startswith(token, offset)
+        ):
+            continue
+        offset += len(token)
+    return offsets, offset
+
+
+def echo_logprobs(front: Front, prompt: Prompt | None, echo: str) -> dict[str, Any] | None:
+    """The echoed prompt's part of the legacy format (``echo``: its text): its
+    first token has no logprob (nothing comes before it), as OpenAI's."""
     if prompt is None:
         return None
     text = front.tokens.text
-    tokens = [text(t) for t in prompt.ids]
-    offsets, offset = [], 0
-    for token in tokens:
-        offsets.append(offset)
-        offset += len(token)
     tops = prompt.top_logprobs
     return {
-        "tokens": tokens,
+        "tokens": [text(t) for t in prompt.ids],
         "token_logprobs": [None, *prompt.logprobs],
         "top_logprobs": [None, *({text(t): lp for t, lp in top} for top in tops)] if tops else None,
-        "text_offset": offsets,
+        "text_offset": text_offsets(front, prompt.ids, 0, False, echo)[0],
     }
 
 
@@ -83,7 +94,7 @@ def with_echo(echo: dict[str, Any] | None, out: dict[str, Any]) -> dict[str, Any
 def chat_logprobs(
     front: Front, ids: Sequence[int], logprobs: Sequence[float], tops: Sequence[TopLogprobs]
 ) -> dict[str, Any]:
-    text = front.tokens.text
+    text, raw = front.tokens.text, front.tokens.bytes
     content = []
     for k, (tok, lp) in enumerate(zip(ids, logprobs, strict=False)):
         token = text(tok)
@@ -92,11 +103,8 @@ def chat_logprobs(
             {
                 "token": token,
                 "logprob": lp,
-                "bytes": list(token.encode()),
-                "top_logprobs": [
-                    {"token": text(t), "logprob": v, "bytes": list(text(t).encode())}
-                    for t, v in top
-                ],
+                "bytes": raw(tok),
+                "top_logprobs": [{"token": text(t), "logprob": v, "bytes": raw(t)} for t, v in top],
             }
         )
     return {"content": content, "refusal": None}

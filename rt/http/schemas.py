@@ -58,10 +58,10 @@ class GenerateRequest(BaseModel):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SamplingParams | list[SamplingParams] | None = None
-    stream: bool = False
-    return_logprob: bool = False
+    stream: bool | None = None
+    return_logprob: bool | None = None
     top_logprobs_num: int | None = None
-    return_text_in_logprobs: bool = False
+    return_text_in_logprobs: bool | None = None
     logprob_start_len: int | None = Field(
         default=None,
         description="with return_logprob: the prompt's logprobs from this position "
@@ -73,7 +73,7 @@ class GenerateRequest(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = STRICT
-    include_usage: bool = False
+    include_usage: bool | None = None
 
 
 class OpenAISampling(BaseModel):
@@ -92,7 +92,7 @@ class OpenAISampling(BaseModel):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     top_k: int | None = None
     min_p: float | None = None
@@ -115,7 +115,7 @@ class CompletionRequest(OpenAISampling):
     """``POST /v1/completions``."""
 
     prompt: Prompt
-    echo: bool = False
+    echo: bool | None = None
     logprobs: int | None = Field(default=None, description="the number of top logprobs per token")
     best_of: int | None = Field(
         default=None, description="only equal to n: rt returns every sample"
@@ -136,7 +136,7 @@ class ChatCompletionRequest(OpenAISampling):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = None
     # Refused when set: rt has no tool calling or constrained decoding yet.
     tools: Any = None
@@ -152,7 +152,7 @@ class AbortRequest(BaseModel):
 
     model_config = STRICT
     rid: str = ""
-    abort_all: bool = False
+    abort_all: bool | None = None
 
 
 class WsFrame(BaseModel):

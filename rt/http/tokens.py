@@ -1,49 +1,102 @@
-"""Token ids as text, for the OpenAI logprobs formats and ``echo`` of a token-id
-prompt. The tokenizer is loaded in the main process on first use (in a worker
-thread), from ``tokenizer.json`` with the ``tokenizers`` library where the model
-has one (20 ms, no transformers import); else through ``rt.tok.load``."""
+"""Token ids as text and as bytes, for the OpenAI logprobs formats and ``echo``
+of a token-id prompt. The tokenizer is loaded in the main process on first use
+(in a worker thread), from ``tokenizer.json`` with the ``tokenizers`` library
+where the model has one (20 ms, no transformers import); else through
+``rt.tok.load``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import lru_cache
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any
 
 import trio
+
+BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
+
+
+@dataclass(frozen=True, eq=False)
+class _Vocab:
+    decode: Callable[[list[int]], str]
+    piece: Callable[[int], str | None]  # the token as the vocabulary writes it
+    specials: frozenset[int]
+    byte_level: bool  # pieces are bytes written as GPT-2's printable characters
 
 
 class TokenTexts:
     def __init__(self, tokenizer_path: str) -> None:
         self._path = tokenizer_path
-        self._decode: Any = None
+        self._vocab: _Vocab | None = None
         self._lock = trio.Lock()
+        self._texts: dict[int, str] = {}
 
     async def ensure(self) -> None:
         async with self._lock:
-            if self._decode is None:
-                self._decode = await trio.to_thread.run_sync(_load, self._path)
+            if self._vocab is None:
+                self._vocab = await trio.to_thread.run_sync(_load, self._path)
+
+    @property
+    def vocab(self) -> _Vocab:
+        assert self._vocab is not None, "await ensure() first"
+        return self._vocab
 
     def decode(self, ids: Sequence[int]) -> str:
-        assert self._decode is not None, "await ensure() first"
-        return str(self._decode(list(ids)))
+        return self.vocab.decode(list(ids))
 
     def text(self, token_id: int) -> str:
-        return _one(self._decode, token_id)
+        """The token decoded alone (a piece of a UTF-8 character decodes to U+FFFD)."""
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.vocab.decode([token_id])
+        return text
+
+    def special(self, token_id: int) -> bool:
+        return token_id in self.vocab.specials
+
+    def bytes(self, token_id: int) -> list[int]:
+        """The token's own bytes, as OpenAI's ``bytes`` field means them: for a
+        token that is part of a UTF-8 character, that part (not U+FFFD's)."""
+        vocab = self.vocab
+        piece = vocab.piece(token_id)
+        if piece is not None and token_id not in vocab.specials:
+            if vocab.byte_level and all(c in _byte_of() for c in piece):
+                return [_byte_of()[c] for c in piece]
+            if m := BYTE_FALLBACK.fullmatch(piece):
+                return [int(m.group(1), 16)]
+        return list(self.text(token_id).encode())
 
 
-@lru_cache(maxsize=1 << 16)
-def _one(decode: Any, token_id: int) -> str:
-    return str(decode([token_id]))
+@cache
+def _byte_of() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: each byte as the printable character that
+    stands for it in a byte-level BPE vocabulary, inverted."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    for extra, b in enumerate(b for b in range(256) if b not in chars):
+        chars[b] = chr(256 + extra)
+    return {c: b for b, c in chars.items()}
 
 
-def _load(path: str) -> Any:
+def _load(path: str) -> _Vocab:
     if (Path(path) / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer, decoders
 
         tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
-        return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+        added = tokenizer.get_added_tokens_decoder()
+        return _Vocab(
+            decode=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=False)),
+            piece=tokenizer.id_to_token,
+            specials=frozenset(i for i, tok in added.items() if tok.special),
+            byte_level=isinstance(tokenizer.decoder, decoders.ByteLevel),
+        )
     from rt.tok.load import load_tokenizer
 
     hf = load_tokenizer(path)
-    return lambda ids: hf.decode(ids, skip_special_tokens=False)
+    return _Vocab(
+        decode=lambda ids: str(hf.decode(ids, skip_special_tokens=False)),
+        piece=lambda i: hf.convert_ids_to_tokens(i),
+        specials=frozenset(hf.all_special_ids),
+        byte_level=False,
+    )

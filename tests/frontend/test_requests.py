@@ -64,9 +64,12 @@ REFUSED = [
     pytest.param(None, {"messages": [CHAT[0], "hi"]}, r"messages\[1\]: expected a chat message", id="message-string"),
     pytest.param(None, {"messages": [{"role": "user"}]}, r"messages\[0\]: expected a 'content' field, got the fields 'role'", id="no-content"),
     pytest.param(None, {"messages": [{"content": "x"}]}, r"messages\[0\]: expected a 'role' field", id="no-role"),
-    pytest.param(None, {"messages": [{"role": "user", "content": 5}]}, r"messages\[0\]\.content: expected a string, got 5", id="content-int"),
-    pytest.param(None, {"messages": [{"role": "user", "content": None}]}, r"messages\[0\]\.content: expected a string, got None", id="content-none"),
-    pytest.param(None, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}, r"messages\[0\]\.content: expected a string, got list", id="content-parts"),
+    pytest.param(None, {"messages": [{"role": "user", "content": 5}]}, r"messages\[0\]\.content: expected a string or a list of text parts, got 5", id="content-int"),
+    pytest.param(None, {"messages": [{"role": "user", "content": None}]}, r"messages\[0\]\.content: expected a string or a list of text parts, got None", id="content-none"),
+    pytest.param(None, {"messages": [{"role": "user", "content": []}]}, r"messages\[0\]\.content: expected a string or a list of text parts, got list \[\]", id="content-no-parts"),
+    pytest.param(None, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, r"messages\[0\]\.content\[0\]: expected a text part .*got a part of type 'image_url' \(rt serves text models only\)", id="content-image-part"),
+    pytest.param(None, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, r"messages\[0\]\.content\[0\]: expected a text part", id="content-part-int-text"),
+    pytest.param(None, {"messages": [{"role": "user", "content": ["x"]}]}, r"messages\[0\]\.content\[0\]: expected a text part .*got 'x'", id="content-part-str"),
     pytest.param(None, {"messages": [{"role": 1, "content": "x"}]}, r"messages\[0\]\.role: expected a string", id="role-int"),
     pytest.param(None, {"messages": [{"role": "user", "content": "a\ud800"}]}, r"messages\[0\]\.content: .*not valid Unicode.* at position 1", id="surrogate-content"),
     pytest.param(None, {"messages": [{"role": "\udc00", "content": "x"}]}, r"messages\[0\]\.role: .*not valid Unicode", id="surrogate-role"),
@@ -180,6 +183,14 @@ def test_an_accepted_request_is_what_the_tokenizer_will_read() -> None:
     assert isinstance(req, GenerateRequest)
     assert req.rid == "r" and req.input_ids == (5, 6, 7)
     assert req.sampling.stop_token_ids == (2,) and isinstance(req.sampling.seed, int)
+
+
+def test_text_parts_of_a_chat_message_are_its_text_joined_by_newlines() -> None:
+    parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two", "extra": 1}]
+    req = build_request(
+        None, {"messages": [{"role": "user", "content": parts, "name": "a"}]}, VOCAB
+    )
+    assert req.messages == ({"role": "user", "content": "one\ntwo", "name": "a"},)
 
 
 @pytest.mark.parametrize(

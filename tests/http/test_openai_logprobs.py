@@ -1,0 +1,133 @@
+"""What OpenAI's logprobs formats promise a client that reads them closely:
+``text_offset`` places each token in the choice's text, streamed or not;
+``bytes`` are the token's own bytes; and fields the spec types "or null"
+take a null. Against rt-serve on the default model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from serverlib import Server
+from tokenizers import Tokenizer
+
+from rt.assets import default_model_path
+
+PROMPT = "In the beginning God created"
+
+
+@pytest.fixture(scope="module")
+def http(default_server: Server) -> Any:
+    with httpx.Client(base_url=default_server.url, timeout=60) as client:
+        yield client
+
+
+def streamed(http: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with http.stream("POST", path, json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        data = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [httpx.Response(200, content=d).json() for d in data[:-1]]
+
+
+def assert_offsets_place_tokens(text: str, logprobs: dict[str, Any], specials: set[str]) -> None:
+    offsets = logprobs["text_offset"]
+    assert offsets == sorted(offsets) and len(offsets) == len(logprobs["tokens"])
+    for token, at in zip(logprobs["tokens"], offsets, strict=True):
+        if token not in specials:
+            assert text[at : at + len(token)] == token, (token, at, text)
+
+
+def test_streamed_text_offsets_are_the_whole_answers_while_a_stop_string_holds_text_back(
+    http: httpx.Client,
+) -> None:
+    base = {"prompt": PROMPT, "max_tokens": 14, "temperature": 0, "logprobs": 1}
+    text = http.post("/v1/completions", json=base).json()["choices"][0]["text"]
+    # a stop string that matches the answer's first words, then fails: the
+    # detokenizer holds those words back until it knows
+    words = text.split()
+    stop = " ".join(words[:3]) + "\x00"
+    assert stop[:-1] in text
+    for body in ({**base, "stop": [stop]}, {**base, "stop": [stop], "echo": True}):
+        whole = http.post("/v1/completions", json=body).json()["choices"][0]
+        chunks = [e["choices"][0] for e in streamed(http, "/v1/completions", body) if e["choices"]]
+        logprobs = [c["logprobs"] for c in chunks if c["logprobs"]]
+        assert "".join(c["text"] for c in chunks) == whole["text"]
+        assert [t for lp in logprobs for t in lp["tokens"]] == whole["logprobs"]["tokens"]
+        assert [o for lp in logprobs for o in lp["text_offset"]] == whole["logprobs"]["text_offset"]
+        assert_offsets_place_tokens(whole["text"], whole["logprobs"], {"<|bos|>"})
+
+
+def test_echoed_offsets_leave_out_the_bos_the_prompts_text_does_not_hold(
+    http: httpx.Client,
+) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 0, "echo": True}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"][0] == "<|bos|>" and logprobs["text_offset"][:2] == [0, 0]
+    assert_offsets_place_tokens(choice["text"], logprobs, {"<|bos|>"})
+    assert logprobs["text_offset"][-4] >= len(PROMPT)  # the answer's first token, after the prompt
+
+
+def test_chat_bytes_are_a_tokens_own_bytes_even_for_part_of_a_character(
+    http: httpx.Client,
+) -> None:
+    vocab = Tokenizer.from_file(str(default_model_path() / "tokenizer.json")).get_vocab()
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "logit_bias": {str(vocab["Ã"]): 100},  # GPT-2's character for the byte 0xC3
+    }
+    token = http.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"][
+        "content"
+    ][0]
+    assert token["token"] == "\ufffd" and token["bytes"] == [0xC3]  # not U+FFFD's EF BF BD
+    plain = {**body, "max_tokens": 8}
+    del plain["logit_bias"]
+    out = http.post("/v1/chat/completions", json=plain).json()["choices"][0]
+    joined = bytes(b for t in out["logprobs"]["content"] for b in t["bytes"])
+    assert joined.decode() == out["message"]["content"]
+    assert all(t["top_logprobs"][0]["bytes"] == t["bytes"] for t in out["logprobs"]["content"])
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "Hi", "stream": None, "echo": None, "logprobs": None}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "stream": None, "logprobs": None},
+        ),
+        ("/generate", {"text": "Hi", "stream": None, "return_logprob": None}),
+    ],
+)
+def test_a_null_flag_is_the_flag_not_given(http: httpx.Client, path: str, body: Any) -> None:
+    response = http.post(path, json=body)  # (a 400 once: "input should be a valid boolean")
+    assert response.status_code == 200, response.text
+    out = response.json()
+    if path == "/generate":
+        assert "output_token_logprobs" not in out["meta_info"]
+    else:
+        assert out["choices"][0]["logprobs"] is None
+        assert out["choices"][0].get("text", "x") != "Hi"  # no echo
+
+
+def test_chat_text_parts_are_the_messages_text(http: httpx.Client) -> None:
+    def answer(content: Any) -> str:
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 6}
+        response = http.post("/v1/chat/completions", json={**body, "temperature": 0})
+        assert response.status_code == 200, response.text
+        return str(response.json()["choices"][0]["message"]["content"])
+
+    parts = [{"type": "text", "text": "And God"}, {"type": "text", "text": "said"}]
+    assert answer(parts) == answer("And God\nsaid")
+    refused = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+    )
+    assert refused.status_code == 400
+    assert "messages[0].content[0]: expected a text part" in refused.json()["error"]["message"]
