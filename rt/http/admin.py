@@ -14,6 +14,7 @@ import trio
 import rt
 from rt import errors
 from rt.actors.affinity import format_cpu_list
+from rt.gpu.sampling_params import show
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.front import Front, http_error
 from rt.http.generation import Job, run
@@ -117,7 +118,7 @@ async def abort_request(front: Front, ex: Exchange, body: bytes) -> None:
         )
     aborted = front.abort(req.rid)
     if not aborted:
-        raise HTTPError(404, f"rid: no request {req.rid!r} is in flight", param="rid")
+        raise HTTPError(404, f"rid: no request {show(req.rid)} is in flight", param="rid")
     await ex.json({"aborted": aborted})
 
 

@@ -32,9 +32,10 @@ from rt.messages import SchedulerStats
 class Tracked:
     """One engine request in flight: abortable by rid, and timed."""
 
-    def __init__(self, front: Front, rid: str) -> None:
+    def __init__(self, front: Front, rid: str, batch: str | None) -> None:
         self.front = front
         self.rid = rid
+        self.batch = batch
         self.arrived = time.monotonic()
         self.first_token_at: float | None = None
         self.scope = trio.CancelScope()
@@ -109,7 +110,7 @@ class Front:
             self.admitted -= count
 
     @contextmanager
-    def track(self, rid: str) -> Iterator[Tracked]:
+    def track(self, rid: str, batch: str | None = None) -> Iterator[Tracked]:
         if rid in self.in_flight:
             raise HTTPError(
                 400,
@@ -117,7 +118,7 @@ class Front:
                 "request has finished",
                 param="rid",
             )
-        tracked = Tracked(self, rid)
+        tracked = Tracked(self, rid, batch)
         self.in_flight[rid] = tracked
         try:
             yield tracked
@@ -128,13 +129,13 @@ class Front:
 
     def abort(self, rid: str) -> int:
         """Abort ``rid``; or, if no request has it, each prompt of the batch whose rid
-        it was (their rids are ``rid-0``, ``rid-1``, …). Returns how many."""
+        it was (their rids are ``rid-0``, ``rid-1``, …; a request whose client chose
+        such a rid is no batch's). Returns how many."""
         tracked = self.in_flight.get(rid)
         if tracked is not None:
             found = [tracked]
         else:
-            prompt = re.compile(re.escape(rid) + r"-\d+")
-            found = [t for key, t in self.in_flight.items() if prompt.fullmatch(key)]
+            found = [t for t in self.in_flight.values() if t.batch == rid]
         for each in found:
             each.abort("abort_request")
         return len(found)

@@ -31,6 +31,7 @@ class Job:
     prompt: Any
     options: dict[str, Any]
     rid: str
+    batch: str | None = None  # the rid of the batch this prompt is one of (rid-0, rid-1, …)
 
 
 @dataclass
@@ -125,7 +126,7 @@ async def _run_one(
         job.rid, [Seq() for _ in range(n if isinstance(n, int) and 0 < n <= MAX_N else 1)]
     )
     try:
-        with front.track(job.rid) as tracked:
+        with front.track(job.rid, job.batch) as tracked:
             stream = EngineStream(front.engine, job.prompt, job.options)
             try:
                 with tracked.scope:

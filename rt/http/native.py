@@ -105,10 +105,11 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
             options["priority"] = req.priority
         rid = rids[i] if rids is not None else (base if not batch else f"{base}-{i}")
         options["rid"] = rid
+        of = base if batch and rids is None else None
         if isinstance(prompt, list):
-            jobs.append(Job(None, {**options, "input_ids": prompt}, rid))
+            jobs.append(Job(None, {**options, "input_ids": prompt}, rid, of))
         else:
-            jobs.append(Job(prompt, options, rid))
+            jobs.append(Job(prompt, options, rid, of))
     return jobs, batch
 
 

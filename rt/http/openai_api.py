@@ -106,11 +106,11 @@ def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) ->
 def _jobs(prompts: list[Any], options: dict[str, Any], base: str) -> list[Job]:
     jobs = []
     for i, prompt in enumerate(prompts):
-        rid = base if len(prompts) == 1 else f"{base}-{i}"
+        rid, of = (base, None) if len(prompts) == 1 else (f"{base}-{i}", base)
         if isinstance(prompt, str) or "messages" in options:
-            jobs.append(Job(prompt, {**options, "rid": rid}, rid))
+            jobs.append(Job(prompt, {**options, "rid": rid}, rid, of))
         else:
-            jobs.append(Job(None, {**options, "input_ids": prompt, "rid": rid}, rid))
+            jobs.append(Job(None, {**options, "input_ids": prompt, "rid": rid}, rid, of))
     return jobs
 
 

@@ -260,3 +260,28 @@ async def test_abort_request_by_a_batchs_rid_aborts_each_of_its_prompts(
         for event in finished.values():
             assert event["meta_info"]["finish_reason"]["type"] == "abort"
             assert len(event["output_ids"]) < 400
+
+
+async def test_abort_request_by_a_prefix_of_rids_clients_chose_aborts_nothing(
+    default_server: Server,
+) -> None:
+    """``job-1`` and ``job-2``, sent on their own, are no batch ``job``'s prompts."""
+    params = {"max_new_tokens": 480, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
+        async with trio.open_nursery() as nursery:
+            done: dict[str, str] = {}
+
+            async def send(rid: str) -> None:
+                body = {"text": "And God said", "rid": rid, "sampling_params": params}
+                out = (await client.post("/generate", json=body)).json()
+                done[rid] = out["meta_info"]["finish_reason"]["type"]
+
+            for rid in ("job-1", "job-2"):
+                nursery.start_soon(send, rid)
+            while metrics(default_server).get("rt_num_running_reqs{}", 0) < 2:
+                await trio.sleep(0.05)
+            missing = await client.post("/abort_request", json={"rid": "job"})
+            assert missing.status_code == 404, missing.text
+            huge = await client.post("/abort_request", json={"rid": "j" * 500_000})
+            assert huge.status_code == 404 and len(huge.text) < 500  # the rid cut short
+        assert done == {"job-1": "length", "job-2": "length"}
