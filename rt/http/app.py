@@ -20,6 +20,7 @@ from typing import Any
 
 from rt.http import admin, native, openai_api, ws
 from rt.http.asgi import (
+    DRAIN_LIMIT,
     ClientDisconnected,
     Exchange,
     HTTPError,
@@ -123,6 +124,12 @@ class App:
             args = (await ex.read_body(self.front.settings.max_body_size),)
         else:
             await ex.discard_body()
+            if not ex.body_read:  # refused before it acts (hypercorn may hold an answer to it)
+                raise HTTPError(
+                    413,
+                    f"{ex.path} takes no request body; this one has more than {DRAIN_LIMIT} bytes",
+                    code="body_too_large",
+                )
         # Only now does a drain wait for it, until its answer is written: a body
         # still arriving is not the engine's (a stalled one held a drain for good).
         with self.front.engine.hold():

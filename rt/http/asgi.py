@@ -162,6 +162,11 @@ class Exchange:
             )
         return b"".join(chunks)
 
+    @property
+    def body_read(self) -> bool:
+        """Whether the request's body has all been read (or had none)."""
+        return self._body_done
+
     async def discard_body(self) -> None:
         """Read what is left of the body (at most DRAIN_LIMIT bytes) so that the
         connection can carry the next request; past that, it closes after the

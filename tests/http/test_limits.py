@@ -4,6 +4,7 @@ forward pass) and 20 ms scheduler steps, so requests stay in flight."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from collections.abc import Iterator
@@ -127,6 +128,31 @@ def test_a_body_that_stops_arriving_is_408_and_its_connection_closed(server: Ser
     assert f"within {BODY_TIMEOUT_S} s (--body-timeout)".encode() in rest
     health = httpx.get(f"{server.url}/health", timeout=30)
     assert health.status_code == 200
+
+
+def test_a_big_body_to_an_endpoint_that_takes_none_is_413_and_not_acted_on(
+    server: Server,
+) -> None:
+    """Past what the server reads and drops, it refuses before it acts: a paused
+    engine left by an answer that never came, and a drain held for it, once."""
+    host, port = server.url.removeprefix("http://").split(":")
+    size = 3 << 20
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        head = (
+            "POST /pause_generation HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: {size}\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        with contextlib.suppress(OSError):  # the server may close before it has it all
+            sock.sendall(b" " * size)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert b"/pause_generation takes no request body" in answer
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    response = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 200  # not paused
 
 
 def test_a_prompt_over_the_context_is_truncated_when_allowed(server: Server) -> None:
