@@ -5,10 +5,10 @@ source of truth), sends each request to a tokenizer worker, routes what comes
 back to the waiting caller, and recovers what a restarted actor lost:
 
 * scheduler restarted (a new epoch): every request in flight is resubmitted as
-  prompt + tokens so far; after a repeat crash the suspects are isolated by
-  halving while new requests wait, and one that crashes the scheduler alone
-  fails as poison (rt/frontend/table.py); every live stream is reopened at the
-  new epoch with the output the table holds;
+  prompt + tokens so far; after a repeat crash in a step the suspects are
+  isolated by halving while new requests wait, and one that crashes the
+  scheduler alone fails as poison (rt/frontend/table.py); every live stream is
+  reopened at the new epoch with the output the table holds;
 * detokenizer restarted: its first frame (``DetokenizerUp``) follows whatever
   its predecessor sent, so the one task that reads that ring handles those
   frames first and then reopens every live stream (one ordered path);
@@ -143,7 +143,8 @@ class Engine:
         self._closing = False  # the rings are closing: nothing more is sent
         self.refusing = False  # a drain: new requests are refused, the rest goes on
         self._holds = 0  # callers answering for requests that left the table (hold())
-        self._epoch = supervisor.status().actor(SCHEDULER).incarnation
+        scheduler = supervisor.status().actor(SCHEDULER)
+        self._epoch, self._charged = scheduler.incarnation, scheduler.request_crashes
         self._stats: Latest[SchedulerStats] = Latest()
         self._detok_stats: Latest[DetokStats] = Latest()
         self._quarantine_changed = trio.Event()
@@ -194,8 +195,7 @@ class Engine:
     async def detokenizer_stats(
         self, until: Callable[[DetokStats], bool] = lambda s: True
     ) -> DetokStats:
-        """What the detokenizer holds (open streams, parked tokens) as it last
-        reported; waits for a report that ``until`` accepts."""
+        """What the detokenizer held at its last report; waits for one ``until`` accepts."""
         return await self._detok_stats.wait(until)
 
     # ---- the operator's controls ----------------------------------------------------
@@ -419,9 +419,11 @@ class Engine:
                     and s.actor(SCHEDULER).incarnation > self._epoch
                 )
             )
-            self._epoch = status.actor(SCHEDULER).incarnation
-            log.warning("scheduler restarted (epoch %d)", self._epoch)
-            for record in self.table.on_scheduler_crash():
+            scheduler = status.actor(SCHEDULER)
+            in_step = scheduler.request_crashes > self._charged  # else: ran none of their work
+            self._epoch, self._charged = scheduler.incarnation, scheduler.request_crashes
+            log.warning("scheduler restarted (epoch %d, died in a step: %s)", self._epoch, in_step)
+            for record in self.table.on_scheduler_crash(in_step):
                 self._fail(
                     Refused(
                         record.rid,

@@ -18,7 +18,10 @@ and deltas of an older (epoch, attempt) are dropped like those of an older
 epoch, for the same reason.
 
 **Quarantine.** A scheduler crash cannot be attributed to one request.
-After a first crash every request in flight is resubmitted together (most
+Only a death in a step (inside ``ctx.handling_requests``, as the supervisor
+tells) is charged to the requests in flight: one outside a step (a kill while
+paused, between steps or idle) ran none of their work, so they are resubmitted
+uncharged. After a first charged crash every request in flight is resubmitted together (most
 crashes are transient: a kill, the OOM killer). When requests crash it again,
 the suspects are isolated by halving: one half is held back (the scheduler is
 told to drop their frames), the other readmitted, and new requests wait
@@ -274,11 +277,14 @@ class RequestTable:
             if seq.finish_reason is None
         ]
 
-    def on_scheduler_crash(self) -> list[Record]:
+    def on_scheduler_crash(self, in_step: bool = True) -> list[Record]:
         """A scheduler died with the requests not held back in flight. Returns the
         poisoned ones (to fail alone); the others stay in flight (a first crash)
-        or are split in two halves, the second held back (a repeat crash)."""
+        or are split in two halves, the second held back (a repeat crash). A
+        death outside a step (``in_step`` false) is charged to none of them."""
         in_flight = [r for r in self.live() if not r.held]
+        if not in_step:
+            return []
         for record in in_flight:
             record.crashes += 1
         if len(in_flight) == 1 and in_flight[0].crashes >= self.max_crashes:

@@ -153,6 +153,18 @@ def test_a_request_alone_in_the_scheduler_is_blamed() -> None:
     assert [r.rid for r in table.on_scheduler_crash()] == ["only"]
 
 
+def test_deaths_outside_a_step_are_charged_to_no_request() -> None:
+    table = RequestTable(max_crashes=2)
+    add(table, "only")
+    add(table, "other")
+    for _ in range(5):  # killed while paused, idle or between steps
+        assert table.on_scheduler_crash(in_step=False) == []
+    assert not table.isolating and not table.held
+    run_to_end(table, table.records["other"])
+    assert table.on_scheduler_crash() == []  # the first death in a step
+    assert [r.rid for r in table.on_scheduler_crash()] == ["only"]
+
+
 def test_a_suspect_whose_ids_are_unknown_is_never_held_back() -> None:
     table = RequestTable()
     add(table, "a")

@@ -107,7 +107,11 @@ async def test_pause_holds_every_request_and_continue_finishes_them_unchanged(ti
         await engine.continue_generation()  # a no-op when not paused
 
 
-async def test_a_restarted_scheduler_stays_paused(tiny_model) -> None:
+async def test_a_restarted_scheduler_stays_paused_and_its_deaths_are_not_the_requests(
+    tiny_model,
+) -> None:
+    """Kills while paused run none of a request's work: as many as would mark a
+    lone request as poison (``max_crashes_per_request``) are charged to none."""
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine, trio.open_nursery() as n:
         want = await engine.generate(PROMPT, **LONG)
         reader = Reader(engine.stream(PROMPT, **LONG))
@@ -117,17 +121,19 @@ async def test_a_restarted_scheduler_stays_paused(tiny_model) -> None:
                 await trio.sleep(0.01)
         await engine.pause_generation()
 
-        (scheduler,) = [a for a in engine.actors() if a.name == "scheduler"]
-        os.kill(scheduler.pid or 0, signal.SIGKILL)
-        with trio.fail_after(60):
-            await engine.supervisor.wait_for(
-                lambda s: (
-                    s.actor("scheduler").incarnation > scheduler.incarnation
-                    and s.actor("scheduler").state is ActorState.RUNNING
+        for _ in range(engine.options.max_crashes_per_request):
+            (scheduler,) = [a for a in engine.actors() if a.name == "scheduler"]
+            os.kill(scheduler.pid or 0, signal.SIGKILL)
+            with trio.fail_after(60):
+                await engine.supervisor.wait_for(
+                    lambda s, before=scheduler.incarnation: (
+                        s.actor("scheduler").incarnation > before
+                        and s.actor("scheduler").state is ActorState.RUNNING
+                    )
                 )
-            )
-            await engine.scheduler_stats(lambda s: s.paused and s.requests == 1)
+                await engine.scheduler_stats(lambda s: s.paused and s.requests == 1)
         assert await reader.still(1.0)
+        assert engine.supervisor.status().actor("scheduler").request_crashes == 0
 
         await engine.continue_generation()
         with trio.fail_after(30):
