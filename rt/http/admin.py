@@ -33,8 +33,11 @@ async def health(front: Front, ex: Exchange) -> None:
 
 
 async def health_generate(front: Front, ex: Exchange) -> None:
-    """Generates one token, bypassing the queue limit."""
+    """Generates one token, bypassing the queue limit. While generation is
+    paused, nothing could come: 503 at once, not after the timeout."""
     reason = front.unhealthy()
+    if reason is None and front.engine.paused:
+        reason = "generation is paused (POST /continue_generation resumes it)"
     if reason is not None:
         raise HTTPError(503, reason, headers=[("retry-after", "1")])
     rid = f"health-{uuid.uuid4().hex}"
