@@ -22,7 +22,6 @@ from rt.http.openai_format import (
     chat_logprobs,
     completion_logprobs,
     echo_logprobs,
-    text_offsets,
     usage,
     with_echo,
 )
@@ -196,7 +195,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                             seq.top_logprobs,
                             len(echoes[i]),
                             skip_special,
-                        ),
+                        )[0],
                     )
                     if req.logprobs is not None
                     else None,
@@ -237,7 +236,8 @@ async def _stream_completions(
     ) -> Any:
         logprobs = None
         if req.logprobs is not None and delta is not None:
-            logprobs = completion_logprobs(
+            # (the next offset: text held back for a stop string is no matter)
+            logprobs, offsets[index] = completion_logprobs(
                 front,
                 delta.output_ids,
                 delta.logprobs or (),
@@ -268,8 +268,6 @@ async def _stream_completions(
             "choices": [choice(index, text, seq, delta, delta.finish_reason, echo)],
             **extra,
         }
-        if req.logprobs is not None:  # (text held back for a stop string is no matter)
-            offsets[index] = text_offsets(front, delta.output_ids, offsets[index], skip_special)[1]
         return [event]
 
     def tail_of(results: list[Result]) -> list[Any]:

@@ -28,16 +28,18 @@ def completion_logprobs(
     tops: Sequence[TopLogprobs],
     offset: int,
     skip_special: bool,
-) -> dict[str, Any]:
-    """The legacy completions format; ``offset``: where these tokens' text
-    starts in the choice's text (see text_offsets)."""
+) -> tuple[dict[str, Any], int]:
+    """The legacy completions format, and where the next token's text starts;
+    ``offset``: where these tokens' text starts in the choice's text (see
+    text_offsets)."""
     text = front.tokens.text
+    offsets, after = text_offsets(front, ids, offset, skip_special)
     return {
         "tokens": [text(t) for t in ids],
         "token_logprobs": list(logprobs),
         "top_logprobs": [{text(t): lp for t, lp in top} for top in tops] if tops else None,
-        "text_offset": text_offsets(front, ids, offset, skip_special)[0],
-    }
+        "text_offset": offsets,
+    }, after
 
 
 def text_offsets(
