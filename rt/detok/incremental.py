@@ -32,6 +32,7 @@ class DetokParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     stop: tuple[str, ...] = ()
+    no_stop_trim: bool = False  # a stop string that ends the text stays in it
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class DecodeState:
         self.n_context = len(self.ids)
         self.prefix = 0
         self.read = self.n_context
-        self.stops = StopMatcher(params.stop)
+        self.stops = StopMatcher(params.stop, keep=params.no_stop_trim)
         self.text_len = 0
         self.finished = False
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 class StopMatcher:
     stops: tuple[str, ...]
     held: str = ""
+    keep: bool = False  # the stop string matched stays in the text (no_stop_trim)
     matched: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -32,7 +33,7 @@ class StopMatcher:
         cut, hit = min(((text.find(s), s) for s in self.stops if s in text), default=(-1, None))
         if hit is not None:
             self.matched, self.held = hit, ""
-            return text[:cut]
+            return text[: cut + len(hit)] if self.keep else text[:cut]
         keep = self._partial_suffix(text)
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]

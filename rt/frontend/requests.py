@@ -66,6 +66,7 @@ OTHER_FIELDS = {
     "input_ids",
     "messages",
     "stop",
+    "no_stop_trim",
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "allow_auto_truncate",
@@ -100,6 +101,7 @@ def build_request(prompt: Any, options: Mapping[str, Any], vocab_size: int) -> G
         _flag(options, "skip_special_tokens", True),
         _flag(options, "spaces_between_special_tokens", True),
         _stop(options.get("stop")),
+        _flag(options, "no_stop_trim", False),
     )
     rid = options.get("rid")
     if rid is not None:

@@ -40,6 +40,8 @@ _SAMPLING = {
     "seed": "seed",
     "stop": "stop",
     "stop_token_ids": "stop_token_ids",
+    "include_stop_str_in_output": "no_stop_trim",
+    "no_stop_trim": "no_stop_trim",
     "ignore_eos": "ignore_eos",
     "logit_bias": "logit_bias",
     "min_tokens": "min_new_tokens",
@@ -91,6 +93,14 @@ def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) ->
     check_model(front, req.model)
     if req.stream_options is not None and not req.stream:
         raise HTTPError(400, "stream_options: only with stream=true", param="stream_options")
+    trim = {req.include_stop_str_in_output, req.no_stop_trim} - {None}
+    if len(trim) > 1:
+        raise HTTPError(
+            400,
+            "include_stop_str_in_output and no_stop_trim (one option, vLLM's and SGLang's "
+            "names): expected one value, got both true and false",
+            param="no_stop_trim",
+        )
     options = {
         engine: getattr(req, name)
         for name, engine in _SAMPLING.items()

@@ -40,6 +40,9 @@ class SamplingParams(BaseModel):
     repetition_penalty: float | None = None
     stop: Stop | None = None
     stop_token_ids: list[int] | None = None
+    no_stop_trim: bool | None = Field(
+        default=None, description="a stop string that ends the output stays in its text"
+    )
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
@@ -100,6 +103,10 @@ class OpenAISampling(BaseModel):
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = Field(
+        default=None, description="a stop string that ends the output stays in its text (vLLM)"
+    )
+    no_stop_trim: bool | None = Field(default=None, description="the same, SGLang's name")
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     rid: str | None = Field(default=None, description="the request id, for /abort_request")

@@ -16,6 +16,13 @@ def test_text_that_may_start_a_stop_string_is_held_back() -> None:
     assert m.feed("ignored") == "" and m.flush() == ""
 
 
+def test_no_stop_trim_keeps_the_stop_string_and_nothing_after_it() -> None:
+    m = StopMatcher(("STOP",), keep=True)
+    assert m.feed("abc ST") == "abc "
+    assert m.feed("OP and more") == "STOP"
+    assert m.matched == "STOP" and m.flush() == ""
+
+
 def test_the_earliest_stop_string_wins() -> None:
     m = StopMatcher(("world", "lo w"))
     assert m.feed("hello world") == "hel"

@@ -46,6 +46,19 @@ def test_text(default_server: Server) -> None:
     assert isinstance(meta["id"], str)
 
 
+def test_a_stop_string_is_trimmed_unless_no_stop_trim(default_server: Server) -> None:
+    text = generate(default_server, {"text": "And God said", "sampling_params": GREEDY})["text"]
+    stop = text.split()[2]  # a word from the middle of the greedy text
+    for trim, want in (
+        (None, text[: text.index(stop)]),
+        (True, text[: text.index(stop) + len(stop)]),
+    ):
+        params = {**GREEDY, "stop": stop, "no_stop_trim": trim}
+        out = generate(default_server, {"text": "And God said", "sampling_params": params})
+        assert out["text"] == want
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
 def test_input_ids_give_what_the_text_gives(default_server: Server) -> None:
     tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
     ids = tokenizer.encode("And God said").ids

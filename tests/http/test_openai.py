@@ -111,6 +111,24 @@ def test_completion_stop_and_echo(client: openai.OpenAI) -> None:
     )
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].text == text[: text.index(stop)]
+    for name in ("include_stop_str_in_output", "no_stop_trim"):  # vLLM's, SGLang's
+        kept = client.completions.create(
+            model=model_id(client),
+            prompt="And God said",
+            max_tokens=16,
+            temperature=0.0,
+            stop=stop,
+            stream=True,
+            extra_body={name: True},
+        )
+        assert "".join(c.choices[0].text for c in kept) == text[: text.index(stop) + len(stop)]
+    with pytest.raises(openai.BadRequestError, match="include_stop_str_in_output"):
+        client.completions.create(
+            model=model_id(client),
+            prompt="And God said",
+            stop=stop,
+            extra_body={"include_stop_str_in_output": True, "no_stop_trim": False},
+        )
     echoed = client.completions.create(
         model=model_id(client), prompt="And God said", max_tokens=4, temperature=0.0, echo=True
     )

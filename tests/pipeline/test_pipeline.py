@@ -138,6 +138,16 @@ async def test_stop_strings_cut_the_text_and_free_the_request(tiny_model) -> Non
         )
         assert cut.text == text[: text.index(stop)]
         assert (cut.finish_reason, cut.matched_stop) == ("stop", stop)
+        kept = await engine.generate(
+            PROMPTS[0],
+            max_new_tokens=30,
+            temperature=0.0,
+            ignore_eos=True,
+            stop=[stop],
+            no_stop_trim=True,
+        )
+        assert kept.text == text[: text.index(stop) + len(stop)]
+        assert kept.output_ids == cut.output_ids
         first = await engine.generate(
             PROMPTS[0], max_new_tokens=30, temperature=0.0, ignore_eos=True, stop=text[:1]
         )
