@@ -16,7 +16,11 @@ none) and never closes the connection. The client leaving aborts every
 generation it had in flight; a server that stops closes each connection with
 1001 once what it had in flight has been answered. Frames go out through one
 writer task, with a bounded queue in front: a slow reader holds back its own
-generations only.
+generations only. The task that receives frames never waits on that queue
+(hypercorn tells of a client gone through it: were it waiting for a writer
+stuck on that client, neither would ever move); a client that leaves
+``OUT_QUEUE`` frames unread and sends another one that needs an answer is
+closed with 1008, its generations aborted.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 
 OUT_QUEUE = 256  # frames waiting for the writer
 GOING = "the server is shutting down"
+UNREAD = f"the client left {OUT_QUEUE} frames unread and sent more"
 
 
 class Connection:
@@ -45,11 +50,14 @@ class Connection:
         self._send = send
         self._out, self._out_recv = trio.open_memory_channel[bytes](OUT_QUEUE)
         self.in_flight: dict[str | int, trio.CancelScope] = {}
+        self._scope = trio.CancelScope()  # the connection's: cancelled when it ends
+        self._unread = False  # the client does not read: closed with 1008
 
     async def serve(self, receive: Receive) -> None:
         left = False
         try:
             async with trio.open_nursery() as nursery:
+                self._scope = nursery.cancel_scope
                 nursery.start_soon(self._write, nursery.cancel_scope)
                 while True:
                     message = await receive()
@@ -60,9 +68,10 @@ class Connection:
                         await self._on_frame(nursery, message)
                 nursery.cancel_scope.cancel()
         finally:
-            if not left and self.front.stopping:  # cancelled by the stop: say so (not 1006)
+            if not left and (self._unread or self.front.stopping):  # say why (not 1006)
+                code, reason = (1008, UNREAD) if self._unread else (1001, GOING)
                 with last_word():
-                    await self._send({"type": "websocket.close", "code": 1001, "reason": GOING})
+                    await self._send({"type": "websocket.close", "code": code, "reason": reason})
                     while (await receive())["type"] != "websocket.disconnect":
                         pass  # the client's close frame: the handshake is complete
 
@@ -77,14 +86,15 @@ class Connection:
     async def _frame(self, obj: dict[str, Any]) -> None:
         await self._out.send(encode(obj))
 
-    async def _error(self, cid: Any, err: HTTPError) -> None:
-        frame = {"id": cid, "type": "error", "status": err.status, "message": err.message}
-        if err.param is not None:
-            frame["param"] = err.param
-        for name, value in err.headers:
-            if name == "retry-after":
-                frame["retry_after"] = int(value)
-        await self._frame(frame)
+    def _answer(self, cid: Any, err: HTTPError) -> None:
+        """The receiving task's own answer to a frame: never waits (see the module
+        docstring); with the queue full, the connection ends instead."""
+        try:
+            self._out.send_nowait(encode(_error_frame(cid, err)))
+        except trio.WouldBlock:
+            log.warning("WebSocket: %s; closing it", UNREAD)
+            self._unread = True
+            self._scope.cancel()
 
     async def _on_frame(self, nursery: trio.Nursery, message: Message) -> None:
         data = message.get("text")
@@ -94,7 +104,7 @@ class Connection:
         if isinstance(data, str) and size * 4 > self.front.settings.max_body_size:
             size = len(data.encode("utf-8", "surrogatepass"))  # a character may be 4 bytes
         if size > self.front.settings.max_body_size:
-            await self._error(
+            self._answer(
                 None,
                 HTTPError(
                     413,
@@ -105,12 +115,12 @@ class Connection:
         try:
             obj = loads(data)
         except HTTPError as err:
-            await self._error(None, err)
+            self._answer(None, err)
             return
         if not isinstance(obj, dict):
             kind = "a list" if isinstance(obj, list) else type(obj).__name__
             problem = f"a frame is a JSON object with 'id' and 'type'; got {kind}"
-            await self._error(None, HTTPError(400, problem))
+            self._answer(None, HTTPError(400, problem))
             return
         cid = obj.get("id")
         if isinstance(cid, bool) or not isinstance(cid, str | int):
@@ -120,7 +130,7 @@ class Connection:
                 cid.encode("utf-8")
             except UnicodeEncodeError:
                 problem = "id: expected a string of valid Unicode, got one with a lone surrogate"
-                await self._error(None, HTTPError(400, problem, param="id"))
+                self._answer(None, HTTPError(400, problem, param="id"))
                 return
         try:
             frame = parse(WsFrame, obj)
@@ -140,7 +150,7 @@ class Connection:
                     400, "text: one prompt per frame (send one frame per prompt)", param="text"
                 )
         except HTTPError as err:
-            await self._error(cid, err)
+            self._answer(cid, err)
             return
         scope = trio.CancelScope()
         self.in_flight[frame.id] = scope
@@ -200,14 +210,26 @@ class Connection:
                     meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
                 await self._frame({"id": cid, "type": "done", "meta_info": meta})
         except HTTPError as err:
-            await self._error(cid, err)
+            await self._frame(_error_frame(cid, err))
         except Exception:  # a bug answers this id alone; the connection's others go on
             log.exception("WebSocket request %r failed", cid)
-            await self._error(
-                cid, HTTPError(500, "internal error; the server log has the traceback")
+            await self._frame(
+                _error_frame(
+                    cid, HTTPError(500, "internal error; the server log has the traceback")
+                )
             )
         finally:
             del self.in_flight[cid]
+
+
+def _error_frame(cid: Any, err: HTTPError) -> dict[str, Any]:
+    frame = {"id": cid, "type": "error", "status": err.status, "message": err.message}
+    if err.param is not None:
+        frame["param"] = err.param
+    for name, value in err.headers:
+        if name == "retry-after":
+            frame["retry_after"] = int(value)
+    return frame
 
 
 async def websocket(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import socket
 from typing import Any
 
 import httpx
@@ -10,6 +12,8 @@ import pytest
 import trio
 from serverlib import Server, running_server
 from trio_websocket import WebSocketConnection, open_websocket_url
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, CloseConnection, Message, Request
 
 SUBJECTS = ("LORD", "God", "king", "man", "woman", "priest", "people", "angel")
 PLACES = ("beginning", "day", "night", "land", "house", "city", "temple", "field")
@@ -219,3 +223,54 @@ async def test_frames_that_used_to_close_the_connection_get_error_frames_or_answ
         assert got[("error", 400)]["param"] == "id"
         assert "120" in got[("error", 413)]["message"]
         assert all(a["restart_count"] == 0 for a in server.info()["actors"])
+
+
+async def test_a_client_that_sends_but_never_reads_is_closed_and_its_generation_freed(
+    default_server: Server,
+) -> None:
+    """Its frames answered with errors fill the queue to the writer, which waits on
+    the client: the task that receives frames must not wait behind it (hypercorn
+    tells of the client leaving through that task), or neither moves again and the
+    generation stays in flight for good."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+    await stream.socket.connect(("127.0.0.1", default_server.port))
+    ws = WSConnection(ConnectionType.CLIENT)
+    await stream.send_all(ws.send(Request(host="127.0.0.1", target="/ws")))
+    with trio.fail_after(10):
+        while True:
+            ws.receive_data(await stream.receive_some(65536))
+            if any(isinstance(e, AcceptConnection) for e in ws.events()):
+                break
+    long = {"max_new_tokens": 400, "ignore_eos": True}
+    body = {"id": "g", "type": "generate", "text": "In the beginning", "sampling_params": long}
+    await stream.send_all(ws.send(Message(data=json.dumps(body))))
+    ended = False  # the server closed the connection (a reset: it leaves data unread)
+    with trio.move_on_after(5):  # unknown ids: each answered with an error frame, never read
+        for n in itertools.count():
+            frame = {"id": f"nope{n}", "type": "cancel", "pad": "x" * 1000}
+            try:
+                await stream.send_all(ws.send(Message(data=json.dumps(frame))))
+            except trio.BrokenResourceError:
+                ended = True
+                break
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
+        with trio.fail_after(20):
+            while (await client.get("/server_info")).json()["requests_in_flight"]:
+                await trio.sleep(0.1)
+    with trio.move_on_after(10):  # what was queued, then the close frame, an end or a reset
+        while not ended:
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                data = b""
+            ws.receive_data(data or None)
+            for event in ws.events():
+                if isinstance(event, CloseConnection):
+                    assert event.code == 1008 and "unread" in event.reason
+                    data = b""
+            ended = not data
+    await stream.aclose()
+    assert ended, "the server still holds the connection"
