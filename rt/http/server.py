@@ -1,9 +1,18 @@
-"""Serving the app with hypercorn's trio worker, in the caller's trio run."""
+"""Serving the app with hypercorn's trio worker, in the caller's trio run.
+
+hypercorn writes to a client shielded from cancellation, with no timeout: a
+client that stops reading (its TCP window full) while keeping its connection
+open would hold the server past its stop for as long as it liked. Once the
+stop has cancelled the server and ``CUT_AFTER_S`` have passed, the
+connections still open are shut down at the socket (their writes then fail,
+and hypercorn lets them go), so a stop ends within its drain and this grace.
+"""
 
 from __future__ import annotations
 
 import logging
-from functools import partial
+import os
+import socket
 from typing import Any
 
 import trio
@@ -20,6 +29,7 @@ WS_FRAME_LIMIT = 64 << 20  # hypercorn closes past this; the app answers 413 pas
 # overflows when hundreds of clients connect at once (a bench at concurrency 256):
 # the rest wait out a SYN retry, a second or more of TTFT. uvicorn's default.
 BACKLOG = 2048
+CUT_AFTER_S = 2.0  # after the stop's cancellation: the last words (1 s) have been said
 
 
 def hypercorn_config(settings: Settings) -> Config:
@@ -43,7 +53,57 @@ async def serve(
     address (``http://127.0.0.1:30000``; port 0 binds a free one)."""
     front = Front(engine, settings)
     app: Any = App(front)  # an ASGI 3 callable; hypercorn's types want its TypedDicts
+    done = trio.Event()
+
+    async def run_hypercorn(task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await hypercorn_serve(app, hypercorn_config(settings), task_status=task_status)
+        finally:
+            done.set()
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(front.watch_scheduler)
-        binds = await nursery.start(partial(hypercorn_serve, app, hypercorn_config(settings)))
+        binds = await nursery.start(run_hypercorn)
+        port = int(binds[0].rsplit(":", 1)[1])
+        nursery.start_soon(_cut_when_stuck, done, port)
         task_status.started(binds[0])
+
+
+async def _cut_when_stuck(done: trio.Event, port: int) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:  # the stop: hypercorn has CUT_AFTER_S to let its connections go
+        with trio.move_on_after(CUT_AFTER_S, shield=True):
+            await done.wait()
+        if not done.is_set():
+            cut = cut_connections(port)
+            log.warning("%d connection(s) still open %g s into the stop: cut", cut, CUT_AFTER_S)
+
+
+def cut_connections(port: int) -> int:
+    """Shut down every TCP connection of this process accepted on ``port`` (read
+    from /proc/self/fd: hypercorn does not hand out its sockets); returns how many."""
+    cut = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            dup = os.dup(int(name))
+        except (ValueError, OSError):
+            continue
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:  # not a socket
+            os.close(dup)
+            continue
+        with sock:  # the duplicate; the connection is the same
+            try:
+                if (
+                    sock.type == socket.SOCK_STREAM
+                    and sock.family in (socket.AF_INET, socket.AF_INET6)
+                    and sock.getsockname()[1] == port
+                ):
+                    sock.getpeername()  # a connection, not the listener (ENOTCONN)
+                    sock.shutdown(socket.SHUT_RDWR)
+                    cut += 1
+            except OSError:
+                continue
+    return cut

@@ -331,3 +331,41 @@ async def test_a_second_signal_ends_the_drain_at_once(tmp_path: Path) -> None:
     assert events[-1] == "[DONE]"
     assert "stopped (SIGTERM)" in events[-2]["error"]["message"], events[-2]
     assert any("SIGINT again: stopping now" in line for line in server.log), server.log[-5:]
+
+
+def test_clients_that_never_read_do_not_hold_the_stop() -> None:
+    """hypercorn writes to a client shielded, with no timeout: streams whose
+    clients stop reading (a full TCP window) but keep their connections open
+    once held the server past its stop until they left."""
+    server = start_server("--drain-timeout=1")
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(2):  # SSE; logprobs make every event big
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            sock.connect(("127.0.0.1", server.port))
+            body = json.dumps(
+                {
+                    "text": ["In the beginning"] * 8,
+                    "stream": True,
+                    "return_logprob": True,
+                    "top_logprobs_num": 20,
+                    "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+                }
+            ).encode()
+            head = f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            sock.sendall(head.encode() + body)
+            clients.append(sock)
+        time.sleep(4)  # the server's writes to them fill their windows and wait
+        assert server.info()["requests_in_flight"] > 0
+        stopping = time.monotonic()
+        code = server.stop()
+        took = time.monotonic() - stopping
+    finally:
+        if server.proc.poll() is None:
+            server.stop()
+        for sock in clients:
+            sock.close()
+    assert code == 0
+    assert took < 30, f"the stop took {took:.1f} s"  # drain 1 s, farewell 2 s, cut 2 s
+    assert any("still open" in line and "cut" in line for line in server.log), server.log[-5:]
