@@ -12,7 +12,9 @@ Client → server (JSON text frames)::
     {"id", "type": "error", "status", "message"}
 
 A bad frame is answered with an error frame for its id (null when it has
-none) and never closes the connection. The client leaving aborts every
+none) and never closes the connection. An error ends the request of its id,
+but for status 409: a ``generate`` whose id is already in flight is refused
+alone, and the request in flight under that id goes on. The client leaving aborts every
 generation it had in flight; a server that stops closes each connection with
 1001 once what it had in flight has been answered. Frames go out through one
 writer task, with a bounded queue in front: a slow reader holds back its own
@@ -138,9 +140,12 @@ class Connection:
             if frame.type == "cancel":
                 self._cancel(frame.id)
                 return
-            if frame.id in self.in_flight:
+            if frame.id in self.in_flight:  # 409: this frame is refused, not the request
                 raise HTTPError(
-                    400, f"id: {frame.id!r} is already in flight on this connection", param="id"
+                    409,
+                    f"id: {frame.id!r} is already in flight on this connection; this frame is "
+                    "refused and that request goes on",
+                    param="id",
                 )
             body.pop("stream", None)  # every WebSocket request streams
             req = parse(GenerateRequest, body)

@@ -145,6 +145,8 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
                 long_done = frame
         assert long_done["id"] == "long"
         assert long_done["meta_info"]["finish_reason"]["type"] == "length"
+        # the refusal of a second "long" is a 409: it does not end the "long" in flight
+        assert [e["status"] for e in errors if e["id"] == "long"] == [409]
         by_id: dict[Any, list[dict[str, Any]]] = {}
         for e in errors:
             assert 400 <= e["status"] < 500, e
