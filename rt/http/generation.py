@@ -32,6 +32,8 @@ class Job:
     options: dict[str, Any]
     rid: str
     batch: str | None = None  # the rid of the batch this prompt is one of (rid-0, rid-1, …)
+    where: str | None = None  # in a batch, the prompt's place in the body: "text[2]"
+    params_where: str | None = None  # its own sampling parameters': "sampling_params[2]"
 
 
 @dataclass
@@ -152,10 +154,42 @@ async def _run_one(
                 front.metrics.queue_time.observe(stream.queue_time)
             _count(front, result)
     except (errors.RtError, HTTPError) as err:
-        failures.append(err if isinstance(err, HTTPError) else http_error(err, rename))
+        failures.append(
+            in_batch(err if isinstance(err, HTTPError) else http_error(err, rename), job)
+        )
         cancel_all.cancel()
         return
     results[i] = result
+
+
+PROMPT_FIELDS = ("prompt", "text", "input_ids")
+
+
+def in_batch(err: HTTPError, job: Job) -> HTTPError:
+    """The error of one prompt of a batch, named where the body has it:
+    ``input_ids[2][0]``, ``sampling_params[2].temperature``, ``text[2]`` for
+    its length; a field every prompt shares keeps its name."""
+    if job.where is None:
+        return err
+    param = err.param or ""
+    base = param.split("[")[0]
+    if base in PROMPT_FIELDS:
+        name = job.where + param[len(base) :]
+    elif err.code == "context_length_exceeded":
+        name, param = job.where, ""
+    elif param and job.params_where is not None:
+        name = f"{job.params_where}.{param}"
+    else:
+        return err
+    message = err.message
+    message = (
+        name + message[len(param) :]
+        if param and message.startswith(param)
+        else f"{name}: {message}"
+    )
+    return HTTPError(
+        err.status, message, type=err.type, param=name, code=err.code, headers=err.headers
+    )
 
 
 def _count(front: Front, result: Result) -> None:

@@ -106,10 +106,12 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
         rid = rids[i] if rids is not None else (base if not batch else f"{base}-{i}")
         options["rid"] = rid
         of = base if batch and rids is None else None
+        where = f"{'text' if req.text is not None else 'input_ids'}[{i}]" if batch else None
+        params_where = f"sampling_params[{i}]" if isinstance(sampling, list) else None
         if isinstance(prompt, list):
-            jobs.append(Job(None, {**options, "input_ids": prompt}, rid, of))
+            jobs.append(Job(None, {**options, "input_ids": prompt}, rid, of, where, params_where))
         else:
-            jobs.append(Job(prompt, options, rid, of))
+            jobs.append(Job(prompt, options, rid, of, where, params_where))
     return jobs, batch
 
 

@@ -116,10 +116,11 @@ def _jobs(prompts: list[Any], options: dict[str, Any], base: str) -> list[Job]:
     jobs = []
     for i, prompt in enumerate(prompts):
         rid, of = (base, None) if len(prompts) == 1 else (f"{base}-{i}", base)
+        where = f"prompt[{i}]" if len(prompts) > 1 else None
         if isinstance(prompt, str) or "messages" in options:
-            jobs.append(Job(prompt, {**options, "rid": rid}, rid, of))
+            jobs.append(Job(prompt, {**options, "rid": rid}, rid, of, where))
         else:
-            jobs.append(Job(None, {**options, "input_ids": prompt, "rid": rid}, rid, of))
+            jobs.append(Job(None, {**options, "input_ids": prompt, "rid": rid}, rid, of, where))
     return jobs
 
 

@@ -116,6 +116,32 @@ def test_bad_input_is_a_4xx_that_names_it(
     assert needle in error["message"], error
 
 
+# (path, a batch with one bad prompt, where the error must say it is: its param)
+IN_A_BATCH: list[tuple[str, Any, str]] = [
+    ("/generate", {"input_ids": [[1], [2], [4096]], "sampling_params": ONE}, "input_ids[2][0]"),
+    ("/generate", {"text": ["ok", "\ud800"], "sampling_params": ONE}, "text[1]"),
+    ("/generate", {"text": ["ok", "x" * 3000], "sampling_params": ONE}, "text[1]"),
+    (
+        "/generate",
+        {"text": ["a", "b"], "sampling_params": [ONE, {**ONE, "temperature": -1}]},
+        "sampling_params[1].temperature",
+    ),
+    ("/generate", {"text": ["a", "b"], "sampling_params": {**ONE, "top_p": 0}}, "top_p"),
+    ("/v1/completions", {"prompt": [[1], [4096]], "max_tokens": 2}, "prompt[1][0]"),
+    ("/v1/completions", {"prompt": ["a", "x" * 3000], "max_tokens": 2}, "prompt[1]"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "name"), IN_A_BATCH)
+def test_an_error_in_a_batch_names_its_prompt(
+    client: httpx.Client, path: str, body: Any, name: str
+) -> None:
+    response = post(client, path, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == name and error["message"].startswith(f"{name}: "), error
+
+
 # ---- the fuzzer ------------------------------------------------------------------------
 
 JSON = st.recursive(
