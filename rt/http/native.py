@@ -10,11 +10,12 @@ sequence's text and ids *so far* (as SGLang's do) and ``meta_info``, then
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
-from rt.http.engine_port import Delta
+from rt.http.engine_port import Delta, TopLogprobs
 from rt.http.front import Front
 from rt.http.generation import Job, Result, Seq, run
 from rt.http.schemas import GenerateRequest, SamplingParams, parse
@@ -56,7 +57,10 @@ async def generate(front: Front, ex: Exchange, body: bytes) -> None:
 def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
     """The engine requests of one body, and whether it is a batch."""
     if (req.text is None) == (req.input_ids is None):
-        raise HTTPError(400, "expected exactly one of text or input_ids", param="text")
+        given = "both" if req.text is not None else "neither"
+        raise HTTPError(
+            400, f"expected exactly one of text or input_ids, got {given}", param="text"
+        )
     prompts: list[Any]
     if isinstance(req.text, list):
         prompts, batch = list(req.text), True
@@ -95,7 +99,7 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
     for i, (prompt, params) in enumerate(zip(prompts, per_prompt, strict=True)):
         options = params.model_dump(exclude_none=True)
         options["allow_auto_truncate"] = front.settings.allow_auto_truncate
-        if req.return_logprob or req.top_logprobs_num:
+        if req.return_logprob:  # (top_logprobs_num alone asks for nothing, as SGLang's)
             options["logprobs"] = True
             options["top_logprobs"] = req.top_logprobs_num or 0
             options["prompt_logprobs"] = start is not None and start >= 0
@@ -126,15 +130,7 @@ def output(front: Front, req: GenerateRequest, result: Result, seq: Seq, j: int)
     }
     if req.return_logprob:
         text = front.tokens.text if req.return_text_in_logprobs else None
-        meta["output_token_logprobs"] = [
-            [lp, tok, text(tok) if text else None]
-            for lp, tok in zip(seq.logprobs, seq.output_ids, strict=False)
-        ]
-        if req.top_logprobs_num:
-            meta["output_top_logprobs"] = [
-                [[lp, tok, text(tok) if text else None] for tok, lp in top]
-                for top in seq.top_logprobs
-            ]
+        meta.update(output_logprobs(front, req, seq.output_ids, seq.logprobs, seq.top_logprobs))
         prompt, start = result.prompt, req.logprob_start_len or 0
         if prompt is not None:  # from position logprob_start_len; the first token has none
             lps: list[float | None] = [None, *prompt.logprobs]
@@ -151,6 +147,28 @@ def output(front: Front, req: GenerateRequest, result: Result, seq: Seq, j: int)
                     ),
                 ][start:]
     return {"text": seq.text, "output_ids": list(seq.output_ids), "meta_info": meta}
+
+
+def output_logprobs(
+    front: Front,
+    req: GenerateRequest,
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    tops: Sequence[TopLogprobs] | None,
+) -> dict[str, Any]:
+    """``output_token_logprobs`` (and ``output_top_logprobs``, when asked) of
+    these tokens: ``[logprob, token id, its text or None]`` each."""
+    text = front.tokens.text if req.return_text_in_logprobs else None
+    out: dict[str, Any] = {
+        "output_token_logprobs": [
+            [lp, tok, text(tok) if text else None] for lp, tok in zip(logprobs, ids, strict=False)
+        ]
+    }
+    if req.top_logprobs_num and tops is not None:
+        out["output_top_logprobs"] = [
+            [[lp, tok, text(tok) if text else None] for tok, lp in top] for top in tops
+        ]
+    return out
 
 
 def finish_reason(seq: Seq, aborted: str | None) -> dict[str, Any] | None:

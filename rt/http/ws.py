@@ -147,8 +147,7 @@ class Connection:
                     "refused and that request goes on",
                     param="id",
                 )
-            body.pop("stream", None)  # every WebSocket request streams
-            req = parse(GenerateRequest, body)
+            req = parse(GenerateRequest, body)  # (every WebSocket request streams)
             jobs, batch = native.build_jobs(self.front, req)
             if batch:
                 raise HTTPError(
@@ -188,11 +187,12 @@ class Connection:
             }
             if delta.finish_reason is not None:
                 frame["finish_reason"] = native.finish_reason(result.seqs[delta.index], None)
-            if delta.logprobs is not None:
-                frame["output_token_logprobs"] = [
-                    [lp, tok, None]
-                    for lp, tok in zip(delta.logprobs, delta.output_ids, strict=False)
-                ]
+            if delta.logprobs is not None and req.return_logprob:
+                frame.update(
+                    native.output_logprobs(
+                        front, req, delta.output_ids, delta.logprobs, delta.top_logprobs
+                    )
+                )
             await self._frame(frame)
 
         try:

@@ -27,7 +27,12 @@ CASES: list[tuple[str, Any, str]] = [
     ("/generate", b"[]", "object"),
     ("/generate", b"[" * 100_000, "deeply"),
     ("/generate", {"sampling_params": ONE}, "text"),
-    ("/generate", {"text": "x", "input_ids": [1], "sampling_params": ONE}, "exactly one"),
+    (
+        "/generate",
+        {"text": "x", "input_ids": [1], "sampling_params": ONE},
+        "one of text or input_ids, got both",
+    ),
+    ("/generate", {"sampling_params": ONE, "stream": True}, "got neither"),
     ("/generate", {"text": 5}, "text"),
     ("/generate", {"text": [], "sampling_params": ONE}, "empty"),
     ("/generate", {"input_ids": [], "sampling_params": ONE}, "input_ids"),

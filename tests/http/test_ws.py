@@ -276,3 +276,30 @@ async def test_a_client_that_sends_but_never_reads_is_closed_and_its_generation_
             ended = not data
     await stream.aclose()
     assert ended, "the server still holds the connection"
+
+
+async def test_delta_frames_carry_the_logprobs_asked_for(default_server: Server) -> None:
+    body = {
+        "type": "generate",
+        "text": "In the beginning",
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0.0},
+        "return_logprob": True,
+        "top_logprobs_num": 3,
+        "return_text_in_logprobs": True,
+    }
+    async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
+        await ws.send_message(json.dumps({"id": "lp", **body}))
+        deltas = []
+        while (frame := await receive(ws))["type"] == "delta":
+            deltas.append(frame)
+        assert frame["type"] == "done", frame
+        await ws.send_message(json.dumps({"id": "s", **body, "stream": "yes"}))
+        refused = await receive(ws)
+    entries = [e for d in deltas for e in d["output_token_logprobs"]]
+    tops = [t for d in deltas for t in d["output_top_logprobs"]]
+    assert [tok for _, tok, _ in entries] == [t for d in deltas for t in d["output_ids"]]
+    assert len(entries) == len(tops) == 6
+    for top, (_, tok, _) in zip(tops, entries, strict=True):
+        assert len(top) == 3 and top[0][1] == tok  # greedy: the best is the token
+    assert "".join(text for _, _, text in entries) == "".join(d["text"] for d in deltas)
+    assert refused["type"] == "error" and refused["id"] == "s" and "stream" in refused["message"]
