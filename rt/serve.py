@@ -2,7 +2,7 @@
 WebSocket API, health, metrics and admin endpoints).
 
 With no --model-path it serves the small model shipped in the package. Flags
-follow SGLang's launch_server names where one exists. SIGINT or SIGTERM: new
+follow SGLang's launch_server names where one exists. SIGINT, SIGTERM or SIGHUP: new
 requests get 503, requests in flight finish (at most --drain-timeout
 seconds), then everything stops and the command exits 0.
 """
@@ -22,6 +22,7 @@ import trio
 from rt import errors
 from rt.actors.affinity import format_cpu_list, pin_process, split_cpus
 from rt.config import EngineOptions
+from rt.frontend.drain import SIGNALS
 from rt.http.settings import Settings
 
 log = logging.getLogger("rt.serve")
@@ -181,7 +182,7 @@ ENGINE_FLAGS = (
         "--drain-timeout",
         "drain_timeout",
         float,
-        "on SIGTERM/SIGINT, how long requests in flight may take to finish",
+        "on SIGTERM/SIGINT/SIGHUP, how long requests in flight may take to finish",
     ),
     Flag(
         "--stall-timeout",
@@ -350,10 +351,10 @@ async def serve(options: dict[str, Any], settings: Settings) -> None:
         checked.dtype,
         checked.tokenizer_workers,
     )
-    # SIGTERM and SIGINT are the engine's while it runs (503, drain, stop). Before
+    # SIGTERM, SIGINT and SIGHUP are the engine's while it runs (503, drain, stop). Before
     # it is up they cancel the start-up; after its drain they are ignored, so that
     # a second one cannot kill the process before its children and segments are gone.
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(*SIGNALS) as signals:
         if _outside:
             log.warning("%s: stopping before the start-up", _outside[0])
             return
@@ -418,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     except errors.ConfigError as err:
         parser.error(str(err))
     _outside.clear()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in SIGNALS:
         signal.signal(signum, _remember)
     try:
         trio.run(serve, options, settings)
@@ -441,7 +442,7 @@ _outside: list[str] = []  # the signals that came while no trio receiver had the
 
 
 def _remember(signum: int, frame: Any) -> None:
-    """SIGTERM and SIGINT outside the run's receivers: before one opens (serve
+    """SIGTERM, SIGINT and SIGHUP outside the run's receivers: before one opens (serve
     then stops at once), and as the last closes, where it redelivers one that
     came while the engine was stopping (a supervisor repeating itself); that must
     not turn a clean exit into death by signal."""
@@ -451,7 +452,7 @@ def _remember(signum: int, frame: Any) -> None:
 def _ignore_signals() -> None:
     """Everything is stopped and unlinked: ignored from here on, as the
     interpreter's exit puts back the default action of a Python handler."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 

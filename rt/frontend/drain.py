@@ -1,4 +1,5 @@
-"""Stopping the engine on SIGTERM or SIGINT, in its caller's main thread.
+"""Stopping the engine on SIGTERM, SIGINT or SIGHUP (the terminal closing), in
+its caller's main thread.
 
 New requests are refused at once (EngineShutdownError); those in flight get up
 to ``drain_timeout`` seconds to finish. A second signal ends that wait at once
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from rt.frontend.engine import Engine
 
 log = logging.getLogger(__name__)
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FAREWELL_S = 2.0  # how long callers get to write the refusal of what was cut off
 POLL_S = 0.05
 

@@ -553,7 +553,7 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     for the body of the ``async with``. ``model_path=None`` serves the shipped default
     model; ``options`` are those of :class:`rt.config.EngineOptions`.
 
-    In the main thread, SIGTERM and SIGINT stop the engine gracefully: new
+    In the main thread, SIGTERM, SIGINT and SIGHUP stop the engine gracefully: new
     requests are refused (EngineShutdownError), those in flight get up to
     ``drain_timeout`` seconds to finish (a second signal: none), those left then
     fail with EngineShutdownError (escaping the body, it ends it as the stop

@@ -369,3 +369,11 @@ def test_clients_that_never_read_do_not_hold_the_stop() -> None:
     assert code == 0
     assert took < 30, f"the stop took {took:.1f} s"  # drain 1 s, farewell 2 s, cut 2 s
     assert any("still open" in line and "cut" in line for line in server.log), server.log[-5:]
+
+
+def test_sighup_a_closed_terminal_stops_it_cleanly() -> None:
+    """SIGHUP once killed rt-serve outright: exit -1, its segments left behind."""
+    server = start_server()
+    code = server.stop(signal.SIGHUP)  # (it checks that no process or segment is left)
+    assert code == 0
+    assert any("stopped by SIGHUP" in line for line in server.log), server.log[-5:]
