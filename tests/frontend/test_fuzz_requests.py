@@ -296,6 +296,7 @@ def other_args() -> dict[str, Arg]:
             bad_edges=["", [""], 5, [5], ["\ud800"], "x\udfff", "\ud83d\ude00", "x" * 1025,
                        ["x"] * 65, {"a": 1}, b"x", [None]],
         ),
+        "no_stop_trim": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "skip_special_tokens": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "spaces_between_special_tokens": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "allow_auto_truncate": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),

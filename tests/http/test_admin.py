@@ -89,7 +89,13 @@ async def test_the_scheduler_state_is_reported_while_it_is_busy(default_server: 
             nursery.start_soon(load)
             while not done.is_set() and not seen:
                 scheduler = (await client.get("/server_info")).json()["scheduler"]
-                if scheduler is not None and scheduler["running"] >= 1:
+                # (the first report of a busy spell may come right after a prefill that
+                # left all of its KV in the prefix tree: no request tokens of its own yet)
+                if (
+                    scheduler is not None
+                    and scheduler["running"] >= 1
+                    and scheduler["request_tokens"]
+                ):
                     seen = scheduler
                     text = (await client.get("/metrics")).text
                     usage = next(
@@ -99,8 +105,7 @@ async def test_the_scheduler_state_is_reported_while_it_is_busy(default_server: 
                         if sample.name == "rt_kv_cache_usage"
                     )
                 await trio.sleep(0.05)
-    assert seen, "no report showed a request running while four decoded 480 tokens each"
-    assert seen["request_tokens"] > 0
+    assert seen, "no report showed a request running, and its KV, while four decoded 480 tokens"
     assert usage > 0
 
 
