@@ -154,7 +154,14 @@ class EngineOptions(BaseModel):
             config = json.loads(path.read_text())
         except FileNotFoundError as err:
             raise ConfigError(f"model_path: no config.json in {path.parent}") from err
-        context = self.context_length or int(config.get("max_position_embeddings", 2048))
+        trained = config.get("max_position_embeddings")
+        if self.context_length and trained is not None and self.context_length > int(trained):
+            raise ConfigError(
+                f"context_length: expected at most the model's max_position_embeddings "
+                f"({trained}), got {self.context_length}; positions past it were never "
+                "trained, and what the model makes of them is garbage"
+            )
+        context = self.context_length or int(trained or 2048)
         return context, int(config["vocab_size"])
 
     def _scheduler_threads(self) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import trio
 
 from rt import errors
 from rt.actors.affinity import format_cpu_list, pin_process, split_cpus
+from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
 from rt.frontend.drain import SIGNALS
 from rt.http.settings import Settings
@@ -134,7 +136,7 @@ ENGINE_FLAGS = (
         "--torch-compile-max-bs",
         "torch_compile_max_bs",
         int,
-        "the largest decode batch --enable-torch-compile compiles (default 8)",
+        "the largest decode batch --enable-torch-compile compiles",
     ),
     Flag("--random-seed", "seed", int, "the engine's seed (model init for dummy weights)"),
     Flag("--tokenizer-worker-num", "tokenizer_workers", int, "tokenizer processes"),
@@ -314,6 +316,10 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def http_settings(args: argparse.Namespace) -> Settings:
+    if not 0 <= args.port <= 65535:
+        raise errors.ConfigError(f"--port: expected a port in [0, 65535], got {args.port}")
+    if args.api_key == "":
+        raise errors.ConfigError("--api-key: expected a key, got an empty string")
     if args.max_body_size <= 0:
         raise errors.ConfigError(
             f"--max-body-size: expected a positive size, got {args.max_body_size}"
@@ -414,8 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         options = engine_options(args)
-        EngineOptions.build(**options)
+        checked = EngineOptions.build(**options)
+        checked.model_limits()  # no config.json there, a context past the model's
+        if isinstance(checked.fault_plan, str):
+            FaultPlan.load(checked.fault_plan)  # a plan that cannot be read or parsed
         settings = http_settings(args)
+        check_address(settings.host, settings.port)
     except errors.ConfigError as err:
         parser.error(str(err))
     _outside.clear()
@@ -436,6 +446,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _ignore_signals()
     return 0
+
+
+def check_address(host: str, port: int) -> None:
+    """Bind the address once before the engine starts (minutes, for a big
+    model), so that a port in use or a host not this machine's is a line now,
+    not a traceback then. (Released at once; hypercorn binds it again.)"""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as hypercorn's
+            sock.bind(address)
+    except OSError as err:
+        raise errors.ConfigError(
+            f"--host {host} --port {port}: cannot bind it ({err.strerror or err})"
+        ) from None
 
 
 _outside: list[str] = []  # the signals that came while no trio receiver had them

@@ -132,7 +132,11 @@ class FaultPlan:
     def load(cls, path: str | os.PathLike[str]) -> FaultPlan:
         """Read a ``.toml`` or ``.json`` file."""
         path = Path(path)
-        return cls.parse(path.read_text(), "toml" if path.suffix == ".toml" else "json")
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"fault plan {str(path)!r}: cannot read it ({err})") from err
+        return cls.parse(text, "toml" if path.suffix == ".toml" else "json")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> FaultPlan | None:

@@ -101,6 +101,12 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
         ["--bogus"],
         ["--cuda-graph-max-bs", "0"],
         ["--scheduler-cpus", "3-1"],
+        ["--port", "70000"],
+        ["--host", "nosuch.invalid"],
+        ["--api-key", ""],
+        ["--context-length", "100000"],  # the model's max_position_embeddings is 512
+        ["--fault-plan", "/nonexistent.json"],
+        ["--model-path", "/nonexistent"],
     ],
 )
 def test_a_bad_flag_exits_2_with_a_message(
@@ -110,6 +116,19 @@ def test_a_bad_flag_exits_2_with_a_message(
         main(argv)
     assert exit_.value.code == 2
     assert argv[0].lstrip("-").split("-")[0] in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_a_line_before_the_engine_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main(["--port", str(port)])
+    assert exit_.value.code == 2
+    assert f"--port {port}: cannot bind it (Address already in use)" in capsys.readouterr().err
 
 
 @pytest.mark.slow
