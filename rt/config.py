@@ -11,7 +11,14 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rt.actors.affinity import parse_cpu_list
 from rt.errors import ConfigError
@@ -119,6 +126,36 @@ class EngineOptions(BaseModel):
             raise ValueError("0 tokens a step would never prefill; -1 turns chunking off")
         return value
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        kind, _, index = value.partition(":")
+        if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+            raise ValueError("expected 'cpu', 'cuda' or 'cuda:N'")
+        return value
+
+    @model_validator(mode="after")
+    def _backend_on_device(self) -> EngineOptions:
+        if self.attention_backend == "flashinfer" and self.device == "cpu":
+            raise ValueError(
+                "attention_backend 'flashinfer' runs on CUDA only; on the CPU: 'torch' or 'triton'"
+            )
+        return self
+
+    def check_device(self) -> None:
+        """That this host has the device asked for (imports torch)."""
+        if not self.device.startswith("cuda"):
+            return
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(self.device.partition(":")[2] or 0)
+        if index >= count:
+            raise ConfigError(
+                f"device: {self.device!r} asked for, but torch sees {count} CUDA device(s) "
+                "here; use device 'cpu'" + (f" or 'cuda:0'…'cuda:{count - 1}'" if count else "")
+            )
+
     @field_validator("scheduler_cpus")
     @classmethod
     def _cpu_list(cls, value: str | None) -> str | None:
@@ -133,6 +170,8 @@ class EngineOptions(BaseModel):
         except ValidationError as err:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+                if e["loc"]
+                else e["msg"].removeprefix("Value error, ")  # about several options
                 for e in err.errors()
             )
             raise ConfigError(f"invalid engine options: {problems}") from err

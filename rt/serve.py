@@ -422,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         options = engine_options(args)
         checked = EngineOptions.build(**options)
         checked.model_limits()  # no config.json there, a context past the model's
+        checked.check_device()  # CUDA asked for on a host without it
         if isinstance(checked.fault_plan, str):
             FaultPlan.load(checked.fault_plan)  # a plan that cannot be read or parsed
         settings = http_settings(args)

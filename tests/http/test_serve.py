@@ -67,7 +67,7 @@ def test_backend_and_deterministic_flags_reach_the_engine_config() -> None:
     args = build_parser().parse_args(["--enable-deterministic-inference"])
     config = EngineOptions.build(**engine_options(args)).engine_config()
     assert (config.deterministic, config.backend) == (True, "triton")
-    args = build_parser().parse_args(["--attention-backend", "flashinfer"])
+    args = build_parser().parse_args(["--device", "cuda", "--attention-backend", "flashinfer"])
     assert EngineOptions.build(**engine_options(args)).engine_config().backend == "flashinfer"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--attention-backend", "cudnn"])
@@ -107,6 +107,8 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
         ["--context-length", "100000"],  # the model's max_position_embeddings is 512
         ["--fault-plan", "/nonexistent.json"],
         ["--model-path", "/nonexistent"],
+        ["--device", "tpu"],
+        ["--attention-backend", "flashinfer"],  # CUDA only; the device is the CPU
     ],
 )
 def test_a_bad_flag_exits_2_with_a_message(
@@ -396,3 +398,20 @@ def test_sighup_a_closed_terminal_stops_it_cleanly() -> None:
     code = server.stop(signal.SIGHUP)  # (it checks that no process or segment is left)
     assert code == 0
     assert any("stopped by SIGHUP" in line for line in server.log), server.log[-5:]
+
+
+def test_cuda_asked_for_on_a_host_without_it_is_a_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It was found by the scheduler's start-up, retried until the supervisor
+    gave up (~15 s, exit 3)."""
+    import torch
+
+    if torch.cuda.is_available():
+        argv = ["--device", f"cuda:{torch.cuda.device_count()}"]  # one past the last
+    else:
+        argv = ["--device", "cuda"]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "CUDA device(s) here" in capsys.readouterr().err
