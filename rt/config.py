@@ -142,6 +142,28 @@ class EngineOptions(BaseModel):
             )
         return self
 
+    def check_tokenizer(self) -> None:
+        """That the tokenizer's ids fit the model's embeddings (read from its
+        tokenizer.json; one without is left to its actors)."""
+        folder = Path(self.resolved_tokenizer_path())
+        if not folder.is_dir():
+            raise ConfigError(f"tokenizer_path: expected a tokenizer's directory, got {folder}")
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            return
+        from tokenizers import Tokenizer
+
+        try:
+            size = Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+        except Exception as err:
+            raise ConfigError(f"tokenizer_path: {path} does not load ({err})") from err
+        _, vocab = self.model_limits()
+        if size > vocab:
+            raise ConfigError(
+                f"tokenizer_path: the tokenizer has {size} tokens, more than the model's "
+                f"vocab_size ({vocab}): it is not this model's tokenizer"
+            )
+
     def check_device(self) -> None:
         """That this host has the device asked for (imports torch)."""
         if not self.device.startswith("cuda"):

@@ -423,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         checked = EngineOptions.build(**options)
         checked.model_limits()  # no config.json there, a context past the model's
         checked.check_device()  # CUDA asked for on a host without it
+        checked.check_tokenizer()  # another model's
         if isinstance(checked.fault_plan, str):
             FaultPlan.load(checked.fault_plan)  # a plan that cannot be read or parsed
         settings = http_settings(args)

@@ -108,6 +108,7 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
         ["--fault-plan", "/nonexistent.json"],
         ["--model-path", "/nonexistent"],
         ["--device", "tpu"],
+        ["--tokenizer-path", "/nonexistent"],
         ["--attention-backend", "flashinfer"],  # CUDA only; the device is the CPU
     ],
 )
@@ -415,3 +416,15 @@ def test_cuda_asked_for_on_a_host_without_it_is_a_line(
         main(argv)
     assert exit_.value.code == 2
     assert "CUDA device(s) here" in capsys.readouterr().err
+
+
+def test_another_models_tokenizer_is_a_line(
+    tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was taken: every text then failed as a client error naming input_ids."""
+    from rt.assets import default_model_path
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model-path", str(tiny_model), "--tokenizer-path", str(default_model_path())])
+    assert exit_.value.code == 2
+    assert "it is not this model's tokenizer" in capsys.readouterr().err
