@@ -166,11 +166,14 @@ class Front:
 
     @property
     def stopping(self) -> bool:
-        return getattr(self.engine, "stopped_by", None) is not None
+        """A signal's stop, or the engine giving up (an escalation)."""
+        if getattr(self.engine, "stopped_by", None) is not None:
+            return True
+        return self.engine.supervisor.status().escalated is not None
 
     def unhealthy(self) -> str | None:
         """Why a request could not complete now, or None."""
-        if self.stopping:
+        if getattr(self.engine, "stopped_by", None) is not None:
             return f"the server is shutting down ({self.engine.stopped_by})"
         status = self.engine.supervisor.status()
         if status.escalated:

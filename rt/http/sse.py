@@ -20,7 +20,8 @@ from typing import Any
 
 import trio
 
-from rt.http.asgi import Exchange, HTTPError
+from rt.groups import made_of
+from rt.http.asgi import Exchange, HTTPError, last_word
 from rt.http.engine_port import Delta
 from rt.http.front import Front
 from rt.http.generation import Job, Result, run
@@ -60,6 +61,13 @@ async def stream(
             await ex.event(err.body())
             await ex.end_events()
         return
+    except BaseException as err:  # the server stopping under it (the engine gave up): say so
+        if made_of(err, trio.Cancelled) and ex.started and not ex.disconnected and front.stopping:
+            with last_word():
+                reason = front.unhealthy() or "the server is shutting down"
+                await ex.event(HTTPError(503, reason).body())
+                await ex.end_events()
+        raise
     if ex.disconnected:
         return
     if not ex.started:

@@ -428,3 +428,34 @@ def test_another_models_tokenizer_is_a_line(
         main(["--model-path", str(tiny_model), "--tokenizer-path", str(default_model_path())])
     assert exit_.value.code == 2
     assert "it is not this model's tokenizer" in capsys.readouterr().err
+
+
+async def test_an_engine_that_gives_up_tells_the_streams_it_cuts(tmp_path: Path) -> None:
+    """An escalation (exit 3) cancelled the server under its clients: SSE streams
+    ended on a truncated body, with no error event and no [DONE]."""
+    plan = write_plan(tmp_path / "slower.json", SLOWER_STEPS)
+    server = start_server("--load-format=null", f"--fault-plan={plan}", "--max-restarts=0")
+    try:
+        events: list[Any] = []
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+            trio.open_nursery() as nursery,
+        ):
+            first = trio.Event()
+
+            async def read() -> None:
+                try:
+                    await read_sse(client, LONG, events, first)
+                except httpx.RemoteProtocolError:  # a cut, with no last word
+                    events.append("(cut)")
+
+            nursery.start_soon(read)
+            await first.wait()
+            os.kill(server.actor_pids()["detokenizer"], signal.SIGKILL)  # no restart allowed
+        code = server.stop()
+    finally:
+        if server.proc.poll() is None:
+            server.stop()
+    assert code == 3, server.log[-5:]
+    assert events[-1] == "[DONE]", (events[-2:], server.log[-30:])
+    assert "gave up" in events[-2]["error"]["message"], events[-2]
