@@ -138,6 +138,7 @@ class SchedulerActor(Actor):
         self.reported = False  # whether this idle spell's state was reported
         self.report_due = 0.0  # time.monotonic() of the next report while busy
         self.integrity_ok = True  # the last idle check's verdict
+        self.reported_requests = 0  # the request records the last report counted
         self.controls: list[Control] = []  # applied between two steps, in arrival order
         self.paused = False
         self.control, self.control_ok = 0, True  # the last Control applied
@@ -265,6 +266,9 @@ class SchedulerActor(Actor):
             out = self.engine.apply_commands()
             await send(ctx.outbox[OUT], self._frame(out, self._stats()))
             return
+        if self.num_request_records != self.reported_requests:  # one came (or went): say so
+            await send(ctx.outbox[OUT], self._frame(StepOutput(), self._stats()))
+            return
         with trio.move_on_after(IDLE_CHECK_S):
             await self.wakeup.wait()
         self.wakeup = trio.Event()
@@ -383,6 +387,7 @@ class SchedulerActor(Actor):
                 log.exception("KV integrity check failed")
                 self.integrity_ok = False
         stats = self.engine.stats()
+        self.reported_requests = self.num_request_records
         return SchedulerStats(
             steps=self.steps,
             running=stats.num_running,

@@ -210,3 +210,20 @@ async def test_a_reader_that_falls_behind_gets_fewer_bigger_chunks(tiny_model) -
         assert "".join(c.text for c in chunks) == want.text
         assert all(len(c.logprobs or ()) == len(c.output_ids) for c in chunks)
         assert chunks[-1].finish_reason == "length" and all(c.stepped_at > 0 for c in chunks)
+
+
+async def test_a_request_that_comes_while_paused_is_reported(tiny_model) -> None:
+    """The scheduler reported nothing while paused but for its commands: a
+    request admitted after the pause was not in any report until generation
+    went on (/server_info showed none waiting)."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine, trio.open_nursery() as n:
+        await engine.pause_generation()
+        reader = Reader(engine.stream(PROMPT, **GREEDY))
+        n.start_soon(reader.run)
+        with trio.fail_after(20):
+            await engine.scheduler_stats(lambda s: s.paused and s.requests == 1)
+        assert await reader.still(0.5) and reader.ids == []
+        await engine.continue_generation()
+        with trio.fail_after(30):
+            await reader.done.wait()
+        assert len(reader.ids) == GREEDY["max_new_tokens"]
