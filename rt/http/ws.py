@@ -67,7 +67,7 @@ class Connection:
                         left = True
                         break
                     if message["type"] == "websocket.receive":
-                        await self._on_frame(nursery, message)
+                        self._on_frame(nursery, message)  # never waits
                 nursery.cancel_scope.cancel()
         finally:
             if not left and (self._unread or self.front.stopping):  # say why (not 1006)
@@ -98,7 +98,7 @@ class Connection:
             self._unread = True
             self._scope.cancel()
 
-    async def _on_frame(self, nursery: trio.Nursery, message: Message) -> None:
+    def _on_frame(self, nursery: trio.Nursery, message: Message) -> None:
         data = message.get("text")
         if data is None:
             data = message.get("bytes") or b""
