@@ -60,6 +60,7 @@ class GenerateRequest(Message, frozen=True):
     detok: DetokParams = msgspec.field(default_factory=DetokParams)
     allow_auto_truncate: bool = False
     priority: int = 0
+    truncated: int = 0  # ids the frontend cut already (past the context length)
 
 
 class Scheduled(Message, frozen=True):

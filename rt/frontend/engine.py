@@ -117,9 +117,11 @@ class _Out:
 class Engine:
     """Use through :func:`open_engine`."""
 
-    def __init__(self, options: EngineOptions, supervisor: Supervisor, vocab_size: int) -> None:
+    def __init__(
+        self, options: EngineOptions, supervisor: Supervisor, limits: tuple[int, int]
+    ) -> None:
         self.options = options
-        self.vocab_size = vocab_size
+        self.context_length, self.vocab_size = limits
         self.table = RequestTable(options.max_crashes_per_request)
         self._sup = supervisor
         workers = options.tokenizer_workers
@@ -242,7 +244,7 @@ class Engine:
 
     def _build(self, prompt: Any, options: dict[str, Any]) -> tuple[GenerateRequest, str]:
         """The request with a ring rid of its own, and the caller's rid."""
-        req = build_request(prompt, options, self.vocab_size)
+        req = build_request(prompt, options, self.vocab_size, self.context_length)
         return msgspec.structs.replace(req, rid=uuid.uuid4().hex), req.rid
 
     async def _submit(
@@ -565,11 +567,11 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     plan = opts.fault_plan
     if isinstance(plan, str):
         plan = FaultPlan.load(plan)
-    _, vocab_size = opts.model_limits()
+    limits = opts.model_limits()
     raised: list[BaseException] = []  # by the body of the ``async with``
     try:
         async with open_supervisor(spec, fault_plan=plan) as supervisor:
-            engine = Engine(opts, supervisor, vocab_size)
+            engine = Engine(opts, supervisor, limits)
             try:
                 async with trio.open_nursery() as nursery:
                     for rx in engine._from_tok:

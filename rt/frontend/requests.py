@@ -18,6 +18,10 @@ Refused (where SGLang's and vLLM's servers answer 400):
   bool; an integer past 64 bits; NaN or infinity; a number out of range
   (past float32's largest too: the sampler computes in float32);
 * token ids outside the vocabulary (the prompt, stop_token_ids, logit_bias);
+* more prompt ids than the context length (ContextOverflowError) without
+  ``allow_auto_truncate``; with it, the ids before the last context length's
+  worth are cut here (the tokenizer then cuts to the room ``max_new_tokens``
+  leaves, and ``truncated_tokens`` counts both);
 * a prompt given as an empty list of ids or of messages (text may be empty:
   the tokenizer may add a BOS token, and says so if it does not);
 * chat messages that are not objects with a string ``role`` and a
@@ -53,7 +57,7 @@ from typing import Any
 import msgspec
 
 from rt.detok.incremental import DetokParams
-from rt.errors import InvalidRequestError
+from rt.errors import ContextOverflowError, InvalidRequestError
 from rt.frontend.table import Record
 from rt.gpu.sampling_params import INT64_MAX, INT64_MIN, SEED_MASK, SamplingParams, show
 from rt.messages import ChatMessage, GenerateRequest
@@ -83,19 +87,25 @@ PROMPT_KINDS = {
 }
 
 
-def build_request(prompt: Any, options: Mapping[str, Any], vocab_size: int) -> GenerateRequest:
+def build_request(
+    prompt: Any, options: Mapping[str, Any], vocab_size: int, context_length: int | None = None
+) -> GenerateRequest:
     """``prompt`` is text, a list of token ids, or a list of chat messages (or None
     with ``input_ids=`` / ``messages=``); the other options are sampling parameters,
     ``stop`` strings, detokenizer options, ``priority``, ``allow_auto_truncate``
     and ``rid``. Raises InvalidRequestError for anything the engine could not
-    serve (the module's docstring lists what is refused and what is repaired)."""
+    serve (the module's docstring lists what is refused and what is repaired).
+    Ids past ``context_length`` are refused (ContextOverflowError) or, with
+    ``allow_auto_truncate``, cut here, before their ids are checked one by one
+    and sent: a prompt of millions of ids held the event loop for a second."""
     unknown = [k for k in options if k not in SAMPLING_FIELDS and k not in OTHER_FIELDS]
     if unknown:
         raise InvalidRequestError(
             f"unknown parameter(s) {', '.join(sorted(map(show, unknown)))}; expected sampling parameters "
             f"{sorted(SAMPLING_FIELDS)} or {sorted(OTHER_FIELDS)}"
         )
-    text, input_ids, messages = _prompt(prompt, options, vocab_size)
+    truncate = _flag(options, "allow_auto_truncate", False)
+    text, input_ids, messages, cut = _prompt(prompt, options, vocab_size, context_length, truncate)
     sampling = _sampling(options, vocab_size)
     detok = DetokParams(
         _flag(options, "skip_special_tokens", True),
@@ -123,8 +133,9 @@ def build_request(prompt: Any, options: Mapping[str, Any], vocab_size: int) -> G
             messages=messages,
             sampling=sampling,
             detok=detok,
-            allow_auto_truncate=_flag(options, "allow_auto_truncate", False),
+            allow_auto_truncate=truncate,
             priority=priority,
+            truncated=cut,
         )
     )
 
@@ -133,8 +144,13 @@ def build_request(prompt: Any, options: Mapping[str, Any], vocab_size: int) -> G
 
 
 def _prompt(
-    prompt: Any, options: Mapping[str, Any], vocab_size: int
-) -> tuple[str | None, tuple[int, ...] | None, tuple[ChatMessage, ...] | None]:
+    prompt: Any,
+    options: Mapping[str, Any],
+    vocab_size: int,
+    context_length: int | None,
+    truncate: bool,
+) -> tuple[str | None, tuple[int, ...] | None, tuple[ChatMessage, ...] | None, int]:
+    """The prompt in its one form, and how many ids were cut from its start."""
     given = {
         "prompt": prompt,
         "input_ids": options.get("input_ids"),
@@ -151,18 +167,28 @@ def _prompt(
         if name != "prompt":
             raise InvalidRequestError(f"{name}: expected {PROMPT_KINDS[name]}, got a string")
         check_unicode("prompt", value)
-        return value, None, None
+        return value, None, None, 0
     if not isinstance(value, Sequence) or isinstance(value, bytes | bytearray):
         raise InvalidRequestError(f"{name}: expected {PROMPT_KINDS[name]}, got {described(value)}")
     if not value:
         raise InvalidRequestError(f"{name}: expected {PROMPT_KINDS[name]}, got an empty list")
     if name == "messages" or (name == "prompt" and isinstance(value[0], Mapping)):
-        return None, None, _messages(name, value)
-    return None, _token_ids(name, value, vocab_size), None
+        return None, None, _messages(name, value), 0
+    cut = 0
+    if context_length is not None and len(value) > context_length:
+        if not truncate:
+            raise ContextOverflowError(
+                f"the prompt has {len(value)} tokens, more than the context length "
+                f"{context_length}; shorten the prompt or set allow_auto_truncate"
+            )
+        cut = len(value) - context_length  # the end stays, as the tokenizer's cut keeps it
+        value = value[cut:]
+    return None, _token_ids(name, value, vocab_size, cut), None, cut
 
 
-def _token_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...]:
-    for i, tok in enumerate(ids):
+def _token_ids(name: str, ids: Sequence[Any], vocab_size: int, start: int) -> tuple[int, ...]:
+    """``ids`` checked; ``start``: the position of the first in the caller's list."""
+    for i, tok in enumerate(ids, start):
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab_size:
             raise InvalidRequestError(
                 f"{name}[{i}]: expected a token id in [0, {vocab_size}), got {show(tok)}"

@@ -198,7 +198,7 @@ class TokenizerCore:
             )
         arr = np.asarray(ids, dtype=np.int64)
         return Scheduled(req.rid, arr, req.sampling, req.priority), Tokenized(
-            req.rid, arr, truncated
+            req.rid, arr, truncated + req.truncated
         )
 
 

@@ -162,6 +162,15 @@ async def test_bad_requests_get_clear_errors_and_hurt_nobody(tiny_model) -> None
             await engine.generate("x", max_tokens=3)
         with pytest.raises(rt.errors.ContextOverflowError, match="context length"):
             await engine.generate("x" * 10, max_new_tokens=600)
+        context = json.loads((tiny_model / "config.json").read_text())["max_position_embeddings"]
+        with pytest.raises(rt.errors.ContextOverflowError, match="2000000 tokens, more than"):
+            await engine.generate([5] * 2_000_000, max_new_tokens=4)
+        # cut twice: to the context by the frontend, then to the room max_new_tokens leaves
+        ids = [7] * 100 + [5] * context
+        cut = await engine.generate(ids, max_new_tokens=4, allow_auto_truncate=True)
+        assert cut.meta.prompt_tokens == context - 4 and cut.meta.truncated_tokens == 104
+        with pytest.raises(InvalidRequestError, match=rf"input_ids\[{100 + context - 1}\]"):
+            await engine.generate(input_ids=[*ids[:-1], -1], allow_auto_truncate=True)
         out = await engine.generate("fine", max_new_tokens=4, temperature=0.0)
         assert out.meta.completion_tokens >= 1
         chat = await engine.generate(
