@@ -110,8 +110,13 @@ class Client:
             texts.setdefault(delta.index, []).append(delta.text)
             ids.setdefault(delta.index, []).extend(delta.output_ids)
         meta = stream.meta_info or {}
+        metas = stream.meta_infos or []
         outs = [
-            {"text": "".join(texts[i]), "output_ids": ids[i], "meta_info": meta}
+            {
+                "text": "".join(texts[i]),
+                "output_ids": ids[i],
+                "meta_info": metas[i] if i < len(metas) else meta,
+            }
             for i in sorted(texts)
         ]
         if len(outs) > 1:
@@ -120,7 +125,8 @@ class Client:
 
     def stream(self, text: Any = None, **body: Any) -> Stream:
         """``async for delta in client.stream(...)``: the request's deltas as they
-        come; ``stream.meta_info`` holds the ``done`` frame's ``meta_info`` after."""
+        come; ``stream.meta_info`` holds the ``done`` frame's ``meta_info`` after
+        (and ``stream.meta_infos`` each sequence's, when ``n > 1``)."""
         if text is not None:
             body["text"] = text
         return Stream(self, body)
@@ -202,6 +208,7 @@ class Stream:
         self._done = False
         self.id: str | None = None  # the frame id, once sent
         self.meta_info: Frame | None = None
+        self.meta_infos: list[Frame] | None = None  # each sequence's, when n > 1
 
     def __aiter__(self) -> Stream:
         return self
@@ -232,6 +239,7 @@ class Stream:
                 self._done = True
             if kind == "done":
                 self.meta_info = item.get("meta_info", {})
+                self.meta_infos = item.get("meta_infos")
             elif kind == "error":
                 raise RemoteError(item.get("status", 0), str(item.get("message", "")), item)
             # else: a frame type this client does not know; skip it

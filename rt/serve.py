@@ -272,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request body may take to arrive after its headers; then 408 (default: %(default)s)",
     )
     server.add_argument(
+        "--ws-max-in-flight",
+        type=int,
+        default=Settings.ws_max_in_flight,
+        help="generations one /ws connection may have in flight; one more gets an error frame with status 429 (default: %(default)s)",
+    )
+    server.add_argument(
         "--allow-auto-truncate",
         action="store_true",
         help="cut prompts over the context instead of refusing them with 400",
@@ -332,6 +338,10 @@ def http_settings(args: argparse.Namespace) -> Settings:
         raise errors.ConfigError(
             f"--max-queued-requests: expected 0 or more, got {args.max_queued_requests}"
         )
+    if args.ws_max_in_flight < 1:
+        raise errors.ConfigError(
+            f"--ws-max-in-flight: expected 1 or more, got {args.ws_max_in_flight}"
+        )
     return Settings(
         host=args.host,
         port=args.port,
@@ -341,6 +351,7 @@ def http_settings(args: argparse.Namespace) -> Settings:
         body_timeout=args.body_timeout,
         max_queued_requests=args.max_queued_requests,
         allow_auto_truncate=args.allow_auto_truncate,
+        ws_max_in_flight=args.ws_max_in_flight,
     )
 
 

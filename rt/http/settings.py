@@ -14,7 +14,10 @@ class Settings:
     one gets 503 with ``Retry-After`` (None: no limit). ``allow_auto_truncate``:
     the default for every request (a prompt over the context is cut instead of
     refused). ``body_timeout``: seconds a request body may take to arrive, from
-    its headers (then 408 and the connection closes)."""
+    its headers (then 408 and the connection closes). ``ws_max_in_flight``: the
+    generations one /ws connection may have in flight (one more is refused
+    with an error frame, status 429): a client that sends and never reads
+    holds at most that many."""
 
     host: str = "127.0.0.1"
     port: int = 30000
@@ -26,8 +29,10 @@ class Settings:
     retry_after_s: int = 1
     allow_auto_truncate: bool = False
     health_generate_timeout: float = 20.0
+    ws_max_in_flight: int = 1024
 
     def __post_init__(self) -> None:
         assert self.max_body_size > 0, self.max_body_size
         assert self.body_timeout > 0, self.body_timeout
         assert self.max_queued_requests is None or self.max_queued_requests >= 0
+        assert self.ws_max_in_flight >= 1, self.ws_max_in_flight

@@ -8,13 +8,16 @@ Client → server (JSON text frames)::
 ``generate`` takes /generate's body with one prompt. Server → client::
 
     {"id", "type": "delta", "index", "text", "output_ids", "stepped_at"[, "finish_reason"]}
-    {"id", "type": "done", "meta_info": {...}}     (finish_reason "abort" after a cancel)
+    {"id", "type": "done", "meta_info": {...}[, "meta_infos": [{...}, ...]]}
+                               (finish_reason "abort" after a cancel; with n > 1,
+                               each sequence's meta_info in meta_infos)
     {"id", "type": "error", "status", "message"}
 
 A bad frame is answered with an error frame for its id (null when it has
 none) and never closes the connection. An error ends the request of its id,
 but for status 409: a ``generate`` whose id is already in flight is refused
-alone, and the request in flight under that id goes on. The client leaving aborts every
+alone, and the request in flight under that id goes on; so is one past
+``Settings.ws_max_in_flight`` in flight (429). The client leaving aborts every
 generation it had in flight; a server that stops closes each connection with
 1001 once what it had in flight has been answered. Frames go out through one
 writer task, with a bounded queue in front: a slow reader holds back its own
@@ -147,6 +150,13 @@ class Connection:
                     "refused and that request goes on",
                     param="id",
                 )
+            limit = self.front.settings.ws_max_in_flight
+            if len(self.in_flight) >= limit:  # a bound on what a client that never reads holds
+                raise HTTPError(
+                    429,
+                    f"this connection has {len(self.in_flight)} requests in flight, the most "
+                    f"it may have (--ws-max-in-flight {limit}); send this one when one is done",
+                )
             req = parse(GenerateRequest, body)  # (every WebSocket request streams)
             jobs, batch = native.build_jobs(self.front, req)
             if batch:
@@ -204,16 +214,7 @@ class Connection:
                 if scope.cancelled_caught:
                     partial.aborted = "cancelled by the client"
                     results = [partial]
-                result = results[0]
-                meta = (
-                    native.output(front, req, result, result.seqs[0], 0)["meta_info"]
-                    if result.seqs
-                    else {"id": result.rid}
-                )
-                meta["completion_tokens"] = result.completion_tokens
-                if scope.cancelled_caught:
-                    meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
-                await self._frame({"id": cid, "type": "done", "meta_info": meta})
+                await self._frame(_done(front, cid, req, results[0], scope.cancelled_caught))
         except HTTPError as err:
             await self._frame(_error_frame(cid, err))
         except Exception:  # a bug answers this id alone; the connection's others go on
@@ -225,6 +226,29 @@ class Connection:
             )
         finally:
             del self.in_flight[cid]
+
+
+def _done(
+    front: Front, cid: Any, req: GenerateRequest, result: Result, cancelled: bool
+) -> dict[str, Any]:
+    """The ``done`` frame: ``meta_info`` as /generate's; with ``n > 1``, the
+    request's own fields there (``completion_tokens`` counts every sequence) and
+    each sequence's ``meta_info`` under ``meta_infos``, by index."""
+    metas = [
+        native.output(front, req, result, seq, j)["meta_info"] for j, seq in enumerate(result.seqs)
+    ]
+    if len(metas) > 1:
+        shared = ("id", "prompt_tokens", "cached_tokens", "e2e_latency")
+        meta = {k: metas[0][k] for k in shared}
+    else:
+        meta = metas[0] if metas else {"id": result.rid}
+        if cancelled:
+            meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
+    meta["completion_tokens"] = result.completion_tokens
+    frame = {"id": cid, "type": "done", "meta_info": meta}
+    if len(metas) > 1:
+        frame["meta_infos"] = metas
+    return frame
 
 
 def _error_frame(cid: Any, err: HTTPError) -> dict[str, Any]:

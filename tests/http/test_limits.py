@@ -34,6 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         f"--max-body-size={BODY_LIMIT}",
         f"--body-timeout={BODY_TIMEOUT_S}",
         "--allow-auto-truncate",
+        "--ws-max-in-flight=2",
     ) as s:
         yield s
 
@@ -105,6 +106,30 @@ async def test_api_key_on_the_websocket(server: Server) -> None:
         assert frame["type"] == "error" and frame["status"] == 413
 
 
+async def test_a_websocket_holds_at_most_its_limit_of_generations(server: Server) -> None:
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    async with open_websocket_url(url, extra_headers=[("Authorization", f"Bearer {KEY}")]) as ws:
+        for cid, tokens in (("a", 30), ("b", 3), ("c", 3)):
+            await ws.send_message(json.dumps({"id": cid, "type": "generate", **long_body(tokens)}))
+        ends: list[tuple[str, Any]] = []
+        with trio.fail_after(60):
+            while len(ends) < 3:
+                frame = json.loads(await ws.get_message())
+                if frame["type"] != "delta":
+                    ends.append((frame["id"], frame.get("status")))
+                if ends == [("c", 429), ("b", None)]:  # room again: accepted
+                    body = {"id": "d", "type": "generate", **long_body(3)}
+                    await ws.send_message(json.dumps(body))
+                    ends.append(("sent d", None))
+            assert ends[:3] == [("c", 429), ("b", None), ("sent d", None)]
+            while len(ends) < 5:
+                frame = json.loads(await ws.get_message())
+                if frame["type"] != "delta":
+                    assert frame["type"] == "done", frame
+                    ends.append((frame["id"], None))
+        assert sorted(ends[3:]) == [("a", None), ("d", None)]
+
+
 def test_body_over_the_limit_is_413(server: Server) -> None:
     body = {"text": "word " * (BODY_LIMIT // 4), "sampling_params": {"max_new_tokens": 1}}
     response = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=30)
@@ -160,6 +185,10 @@ def test_a_prompt_over_the_context_is_truncated_when_allowed(server: Server) -> 
     response = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=30)
     assert response.status_code == 200, response.text
     assert response.json()["meta_info"]["prompt_tokens"] <= 512 - 4
+    ids = {"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4}}
+    response = httpx.post(f"{server.url}/generate", json=ids, headers=AUTH, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["meta_info"]["prompt_tokens"] == 512 - 4
 
 
 async def test_past_the_queue_limit_503_and_the_accepted_are_unaffected(server: Server) -> None:

@@ -98,6 +98,7 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
         ["--page-size", "0"],
         ["--dtype", "int3"],
         ["--max-body-size", "0"],
+        ["--ws-max-in-flight", "0"],
         ["--bogus"],
         ["--cuda-graph-max-bs", "0"],
         ["--scheduler-cpus", "3-1"],

@@ -15,6 +15,8 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Message, Request
 
+from rt.client import connect
+
 SUBJECTS = ("LORD", "God", "king", "man", "woman", "priest", "people", "angel")
 PLACES = ("beginning", "day", "night", "land", "house", "city", "temple", "field")
 PROMPTS = [f"And the {s} said" for s in SUBJECTS] + [f"In the {p}" for p in PLACES]
@@ -303,3 +305,35 @@ async def test_delta_frames_carry_the_logprobs_asked_for(default_server: Server)
         assert len(top) == 3 and top[0][1] == tok  # greedy: the best is the token
     assert "".join(text for _, _, text in entries) == "".join(d["text"] for d in deltas)
     assert refused["type"] == "error" and refused["id"] == "s" and "stream" in refused["message"]
+
+
+async def test_with_n_above_1_the_done_frame_gives_each_sequence_its_meta_info(
+    default_server: Server,
+) -> None:
+    """It carried sequence 0's finish_reason as the request's (and its length as
+    every sequence's in the client's answer)."""
+    differed = False
+    params = {"n": 3, "max_new_tokens": 6, "temperature": 1.0, "stop": [" the"]}
+    async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
+        for seed in range(6):
+            body = {"text": "And the LORD said", "sampling_params": {**params, "seed": seed}}
+            await ws.send_message(json.dumps({"id": seed, "type": "generate", **body}))
+            ends: dict[int, Any] = {}
+            ids: dict[int, list[int]] = {0: [], 1: [], 2: []}
+            while (frame := await receive(ws))["type"] == "delta":
+                ids[frame["index"]] += frame["output_ids"]
+                if "finish_reason" in frame:
+                    ends[frame["index"]] = frame["finish_reason"]
+            assert frame["type"] == "done", frame
+            metas = frame["meta_infos"]
+            assert [m["finish_reason"] for m in metas] == [ends[i] for i in range(3)]
+            assert [m["completion_tokens"] for m in metas] == [len(ids[i]) for i in range(3)]
+            assert frame["meta_info"]["completion_tokens"] == sum(map(len, ids.values()))
+            assert "finish_reason" not in frame["meta_info"]  # the request has none of its own
+            differed |= len({json.dumps(e) for e in ends.values()}) > 1
+    assert differed, "no seed gave sequences that ended differently: the test proves nothing"
+    async with connect(default_server.url) as client:  # rt.client: the same, by index
+        outs = await client.generate("And the LORD said", sampling_params={**params, "seed": 2})
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [
+        len(o["output_ids"]) for o in outs
+    ]
