@@ -38,6 +38,7 @@ import time
 
 from rt.shm.segment import Segment
 
+MAX_BEAT_INTERVAL_S = 1.0  # a child's timer beats at least this often (see SILENT_AFTER_S)
 _FIELDS = 3  # u64 per child: last beat, handling since, going down since
 _BEAT, _HANDLING, _DOWN = range(_FIELDS)
 
@@ -71,6 +72,12 @@ class HeartbeatTable:
         if handling_since:
             progress = min(progress, handling_since)
         last = max(progress, since_ns)
+        return max(0.0, (time.monotonic_ns() - last) / 1e9)
+
+    def silence(self, slot: int, since_ns: int = 0) -> float:
+        """Seconds since the later of ``since_ns`` and the slot's last beat,
+        requests in hand or not: how long the process has shown no sign of life."""
+        last = max(int(self._view[_FIELDS * slot + _BEAT]), since_ns)
         return max(0.0, (time.monotonic_ns() - last) / 1e9)
 
     def handling(self, slot: int) -> bool:

@@ -23,7 +23,12 @@ class ActorStatus:
     :mod:`rt.actors.heartbeat`). ``last_exit_at`` is the previous exit's while
     the state is EXITING.
     ``request_crashes`` counts the abnormal exits charged to the requests the
-    child had in hand: restarted, but not counted toward escalation."""
+    child had in hand: restarted, but not counted toward escalation.
+    ``beat_age`` is the time since its last beat alone, requests in hand or
+    not: its trio thread beats at least every second while the process runs
+    (a step runs on a worker thread), so past ``SILENT_AFTER_S`` the process is
+    stopped (SIGSTOP) or its trio thread is stuck, long before the watchdog
+    kills it."""
 
     name: str
     pid: int | None
@@ -35,6 +40,10 @@ class ActorStatus:
     ready_at: float | None  # when the current incarnation reported ready
     last_exit_at: float | None  # when the supervisor saw the last exit
     request_crashes: int = 0
+    beat_age: float | None = None  # since its last beat alone (None: not running)
+
+
+SILENT_AFTER_S = 3.0  # a running child with no beat for this long cannot answer
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,11 @@ class SupervisorStatus:
             except KeyError:
                 continue
         raise KeyError(f"no actor named {name!r}; actors: {[a.name for a in self.actors]}")
+
+    def silent(self) -> list[ActorStatus]:
+        """The running actors, at every level, with no beat for ``SILENT_AFTER_S``."""
+        quiet = [a for a in self.actors if a.beat_age is not None and a.beat_age > SILENT_AFTER_S]
+        return quiet + [a for s in self.subtrees for a in s.silent()]
 
     @property
     def healthy(self) -> bool:

@@ -47,7 +47,7 @@ import trio
 
 from rt.actors.boot import ChildBoot
 from rt.actors.faultplan import BUILTIN_POINTS, FaultPlan
-from rt.actors.heartbeat import HeartbeatTable
+from rt.actors.heartbeat import MAX_BEAT_INTERVAL_S, HeartbeatTable
 from rt.actors.policy import Backoff, RestartIntensity, affected, should_restart
 from rt.actors.process import ChildProcess, describe_exit, spawn
 from rt.actors.spec import ActorSpec, Restart, Strategy, SupervisorSpec
@@ -164,6 +164,9 @@ class Supervisor:
                     ready_at=c.ready_at,
                     last_exit_at=c.last_exit_at,
                     request_crashes=c.request_crashes,
+                    beat_age=hb.silence(c.index, c.ready_ns)
+                    if hb is not None and c.state is ActorState.RUNNING
+                    else None,
                 )
                 for c in self._children
             ),
@@ -300,7 +303,7 @@ class Supervisor:
             incarnation=child.incarnation,
             heartbeat_segment=self._heartbeats.name,
             heartbeat_slot=child.index,
-            heartbeat_interval=self._watchdog_timeout(spec) / 5,
+            heartbeat_interval=min(self._watchdog_timeout(spec) / 5, MAX_BEAT_INTERVAL_S),
             inboxes={r: self._rings[r].spec for r in spec.inboxes},
             outboxes={r: self._rings[r].spec for r in spec.outboxes},
             fault_plan=self.fault_plan,

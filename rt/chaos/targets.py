@@ -57,7 +57,8 @@ class EngineTarget:
 
     async def healthy(self) -> bool:
         """The supervisor's answer (what /health is built on)."""
-        return bool(self.engine.supervisor.status().healthy)
+        status = self.engine.supervisor.status()
+        return bool(status.healthy and not status.silent())
 
 
 class ServerTarget:

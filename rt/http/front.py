@@ -188,6 +188,13 @@ class Front:
                 )
                 or "the supervisor is not running"
             )
+        silent = status.silent()
+        if silent:
+            return "; ".join(
+                f"{a.name} has shown no sign of life for {a.beat_age:.1f} s (stopped or stuck; "
+                "the watchdog restarts it if it does not come back)"
+                for a in silent
+            )
         return None
 
 

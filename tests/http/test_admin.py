@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from functools import partial
 from typing import Any
 
@@ -28,6 +30,45 @@ def test_health(default_server: Server) -> None:
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
     assert httpx.get(f"{default_server.url}/health_generate", timeout=60).status_code == 200
+
+
+async def test_health_is_503_while_an_actor_is_stopped_long_before_the_watchdog(
+    default_server: Server,
+) -> None:
+    """It stayed 200 until the watchdog killed the actor (30 s): a load balancer
+    kept sending requests that could not complete."""
+    pid = default_server.actor_pids()["tokenizer0"]
+
+    def actors() -> list[tuple[Any, ...]]:
+        info = default_server.info()["actors"]
+        return [(a["name"], a["pid"], a["state"], a["restart_count"]) for a in info]
+
+    before = actors()
+    answers: list[tuple[float, int, str]] = []
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
+        started = trio.current_time()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with trio.fail_after(15):
+                while True:
+                    r = await client.get("/health")
+                    answers.append((trio.current_time() - started, r.status_code, r.text))
+                    if r.status_code == 503:
+                        break
+                    await trio.sleep(0.1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        took, _, text = answers[-1]
+        assert "tokenizer0 has shown no sign of life" in text, text
+        assert took < 10, answers  # the watchdog's 30 s are not waited for
+        with trio.fail_after(10):
+            while (await client.get("/health")).status_code != 200:
+                await trio.sleep(0.1)
+        out = await client.post(
+            "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}
+        )
+        assert out.status_code == 200, out.text
+    assert actors() == before  # back by itself: nothing restarted
 
 
 def test_server_info(default_server: Server) -> None:
