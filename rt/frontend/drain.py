@@ -2,7 +2,8 @@
 its caller's main thread.
 
 New requests are refused at once (EngineShutdownError); those in flight get up
-to ``drain_timeout`` seconds to finish. A second signal ends that wait at once
+to ``drain_timeout`` seconds to finish (generation paused by the operator is
+resumed for them). A second signal ends that wait at once
 (an operator's "now"). What is still in flight then fails with
 EngineShutdownError, and its callers get a moment to answer it (an SSE error
 event, a WebSocket error frame) before the ``async with`` body is cancelled: a
@@ -42,6 +43,9 @@ async def stop_on_signal(engine: Engine, cancel_scope: trio.CancelScope) -> None
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cut_short_on_signal, signals, nursery.cancel_scope)
+            if engine.paused:  # what is in flight could never finish
+                log.warning("generation was paused: resumed for the drain")
+                nursery.start_soon(engine.continue_generation)
             with trio.move_on_after(engine.options.drain_timeout):
                 while engine.table.live() or engine.held:
                     await trio.sleep(POLL_S)

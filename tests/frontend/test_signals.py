@@ -38,6 +38,8 @@ async def main():
                 print("FINISHED", len(out.output_ids), flush=True)
             nursery.start_soon(long)
             await trio.sleep(0.3)
+            if sys.argv[3:] == ["pause"]:
+                await engine.pause_generation()
             print("READY", flush=True)
     print("STOPPED BY", engine.stopped_by, flush=True)
 
@@ -114,6 +116,15 @@ def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished:
         time.sleep(0.05)
     assert not [pid for pid in actors if alive(pid)]
     assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{run.pid}_")]
+
+
+@pytest.mark.slow
+def test_a_signal_while_paused_resumes_generation_for_the_drain() -> None:
+    """The paused request made no progress: the drain waited out its whole
+    timeout, then cut it off."""
+    run = signal_at_ready(SCRIPT, "30", "10", "pause")
+    assert "FINISHED 300" in run.out, run.out
+    assert "generation was paused: resumed for the drain" in run.err
 
 
 @pytest.mark.slow
