@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -421,7 +422,8 @@ async def _progress(scope: trio.CancelScope, started: float) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
+    """``early``: the signals rt.launch took before this ran."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -429,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    _outside.clear()
+    previous = {signum: signal.signal(signum, _remember) for signum in SIGNALS}
+    _outside.extend(early)  # (after: one that came in between is in ``early`` by now)
     try:
         options = engine_options(args)
         checked = EngineOptions.build(**options)
@@ -440,10 +445,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = http_settings(args)
         check_address(settings.host, settings.port)
     except errors.ConfigError as err:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         parser.error(str(err))
-    _outside.clear()
-    for signum in SIGNALS:
-        signal.signal(signum, _remember)
     try:
         trio.run(serve, options, settings)
     except (errors.RtError, BaseExceptionGroup) as err:

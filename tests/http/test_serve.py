@@ -122,6 +122,27 @@ def test_a_bad_flag_exits_2_with_a_message(
     assert argv[0].lstrip("-").split("-")[0] in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("after_s", [0.1, 0.4, 1.5])
+def test_a_signal_in_the_first_moments_stops_it_cleanly(after_s: float) -> None:
+    """While Python imported the server and its flags were checked (seconds:
+    torch, the tokenizer), Ctrl-C was a KeyboardInterrupt traceback, or lost,
+    the server then starting and serving."""
+    script = Path(sys.executable).parent / "rt-serve"  # the console script users run
+    proc = subprocess.Popen(
+        [str(script), "--port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(after_s)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err and "SIGINT: stopping" in err, err[-2000:]
+    assert "rt-serve ready" not in err
+
+
 def test_a_port_in_use_is_a_line_before_the_engine_starts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
