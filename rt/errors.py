@@ -67,11 +67,13 @@ class ActorError(RtError):
 
 
 class ActorStartupError(ActorError):
-    """A child raised before reporting ready. ``child_traceback`` holds its traceback."""
+    """A child raised before reporting ready. ``child_traceback`` holds its traceback;
+    ``refused`` says it was a ConfigError: starting again would fail the same way."""
 
-    def __init__(self, message: str, child_traceback: str = "") -> None:
+    def __init__(self, message: str, child_traceback: str = "", refused: bool = False) -> None:
         super().__init__(message if not child_traceback else f"{message}\n{child_traceback}")
         self.child_traceback = child_traceback
+        self.refused = refused
 
 
 class ActorCrashed(ActorError):

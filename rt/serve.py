@@ -454,6 +454,10 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         cause = _rt_error(err)
         if cause is None:
             raise
+        refused = cause.__cause__
+        if isinstance(refused, errors.ActorStartupError) and refused.refused:
+            log.error("could not start: %s", str(refused).partition("\n")[0])
+            return 2  # as a flag refused before the start: the configuration is the fault
         log.error(
             "%s: %s",
             "gave up" if isinstance(cause, errors.EscalationError) else "could not start",

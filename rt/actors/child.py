@@ -41,7 +41,7 @@ from rt.actors.actor import ActorContext
 from rt.actors.boot import ChildBoot
 from rt.actors.faults import Faults
 from rt.actors.heartbeat import Heartbeat
-from rt.errors import EndOfChannel
+from rt.errors import ConfigError, EndOfChannel
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 70  # the parent was gone before or while we started
@@ -144,7 +144,8 @@ async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
             if startup is not None:
                 await startup(ctx)
         except Exception as err:
-            report = ("startup_error", traceback.format_exc(), describe_error(err))
+            refused = isinstance(err, ConfigError)  # the same start-up would fail again
+            report = ("startup_error", traceback.format_exc(), describe_error(err), refused)
             ctl.sendall(wire.encode(report))
             return 1
         ctl.sendall(wire.encode(("ready",)))

@@ -71,10 +71,24 @@ class SupervisorStatus:
                 continue
         raise KeyError(f"no actor named {name!r}; actors: {[a.name for a in self.actors]}")
 
+    def every_actor(self) -> list[ActorStatus]:
+        """The actors (and subtrees) at every level."""
+        return [*self.actors, *(a for s in self.subtrees for a in s.every_actor())]
+
     def silent(self) -> list[ActorStatus]:
         """The running actors, at every level, with no beat for ``SILENT_AFTER_S``."""
-        quiet = [a for a in self.actors if a.beat_age is not None and a.beat_age > SILENT_AFTER_S]
-        return quiet + [a for s in self.subtrees for a in s.silent()]
+        return [
+            a for a in self.every_actor() if a.beat_age is not None and a.beat_age > SILENT_AFTER_S
+        ]
+
+    @property
+    def settled(self) -> bool:
+        """Escalated, or every actor at every level has been up (or failed for good):
+        one whose first start failed is being started again."""
+        ended = (ActorState.FAILED, ActorState.STOPPED)
+        return self.escalated is not None or all(
+            a.ready_at is not None or a.state in ended for a in self.every_actor()
+        )
 
     @property
     def healthy(self) -> bool:

@@ -465,6 +465,10 @@ class Supervisor:
             )
             self._notify()
             return None
+        if isinstance(event.error, ActorStartupError) and event.error.refused:
+            child.state = ActorState.FAILED  # its configuration: every restart would fail
+            self._escalate(child, event, "cannot start with this configuration")
+            return None
         # An exit charged to the requests in hand is not the child's own failure:
         # the actors isolate and refuse poison requests, so it never escalates.
         if not event.with_requests and not self._intensity.record(time.monotonic()):
@@ -483,10 +487,12 @@ class Supervisor:
         self._notify()
         return _Restart(child, event, delay)
 
-    def _escalate(self, child: _Child, event: _Exit) -> None:
+    def _escalate(self, child: _Child, event: _Exit, why: str | None = None) -> None:
+        why = why or (
+            f"needed more than {self.spec.max_restarts} restarts within {self.spec.max_seconds:g} s"
+        )
         self._escalation = EscalationError(
-            f"supervisor {self.spec.name!r}: actor {child.spec.name!r} needed more than "
-            f"{self.spec.max_restarts} restarts within {self.spec.max_seconds:g} s; "
+            f"supervisor {self.spec.name!r}: actor {child.spec.name!r} {why}; "
             f"shutting everything down. Last exit reasons of {child.spec.name!r}: "
             + "; ".join(child.reasons)
         )
@@ -573,7 +579,8 @@ class Supervisor:
 @asynccontextmanager
 async def open_supervisor(spec: SupervisorSpec, **options: Any) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the body of the ``async with``; every child is ready
-    on entry, and everything is stopped and unlinked on exit. An escalation
+    on entry (one whose first start failed is restarted first), and everything
+    is stopped and unlinked on exit. An escalation
     cancels the body and comes out as an ExceptionGroup holding EscalationError.
     The rings stay open until the body has exited, so the body may close the
     ends it attached (or send on them) in its own ``finally``."""
@@ -581,6 +588,9 @@ async def open_supervisor(spec: SupervisorSpec, **options: Any) -> AsyncIterator
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(supervisor._run, close_rings=False))
+            # a child whose first start failed is being started again: not ready yet
+            if (await supervisor.wait_for(lambda s: s.settled)).escalated is not None:
+                await trio.sleep_forever()  # until _run raises it and this is cancelled
             yield supervisor
             nursery.cancel_scope.cancel()
     finally:

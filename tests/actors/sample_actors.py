@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from rt.actors import Actor, ActorContext
+from rt.errors import ConfigError
 
 
 class Idle(Actor):
@@ -54,6 +55,21 @@ class ExitAfter(Actor):
 class FailingStartup(Actor):
     def __init__(self) -> None:
         raise RuntimeError("this actor cannot start: boom")
+
+
+class RefusesItsConfig(Actor):
+    def __init__(self) -> None:
+        raise ConfigError("this actor's options are wrong: size=-1")
+
+
+class FailsItsFirstStart(Idle):
+    """Raises at its first start (it leaves ``marker`` behind), then starts."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("not this time")
 
 
 class IgnoresSigterm(Actor):

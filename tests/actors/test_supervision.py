@@ -10,7 +10,16 @@ import time
 
 import pytest
 import trio
-from sample_actors import BlocksSigterm, ExitAfter, FailingStartup, Forward, Idle, RaisesInANursery
+from sample_actors import (
+    BlocksSigterm,
+    ExitAfter,
+    FailingStartup,
+    FailsItsFirstStart,
+    Forward,
+    Idle,
+    RaisesInANursery,
+    RefusesItsConfig,
+)
 from supervision_lib import TIMEOUT, is_running, quick_spec, wait_until
 
 from rt.actors import (
@@ -115,6 +124,30 @@ async def test_startup_crash_loop_escalates_after_r_restarts() -> None:
     assert status.actor("doomed").restart_count == 2
     assert status.actor("idle").state is ActorState.STOPPED and status.actor("idle").pid is None
     assert status.escalated == message
+
+
+async def test_a_start_up_that_refuses_its_configuration_escalates_at_once() -> None:
+    """Restarting could only fail the same way: it was retried until the
+    restart intensity gave out (seconds of backoff, with a big model minutes)."""
+    spec = quick_spec(ActorSpec("idle", Idle), ActorSpec("wrong", RefusesItsConfig))
+    with pytest.raises(ExceptionGroup) as caught, trio.fail_after(TIMEOUT):
+        async with open_supervisor(spec):
+            pytest.fail("the body ran with an actor that never started")
+    (escalation,) = caught.value.exceptions
+    assert isinstance(escalation, EscalationError)
+    assert "actor 'wrong' cannot start with this configuration" in str(escalation)
+    assert "ConfigError: this actor's options are wrong: size=-1" in str(escalation)
+    assert isinstance(escalation.__cause__, ActorStartupError) and escalation.__cause__.refused
+
+
+async def test_the_body_starts_once_a_child_whose_first_start_failed_is_up(tmp_path) -> None:
+    marker = str(tmp_path / "started-once")
+    spec = quick_spec(ActorSpec("idle", Idle), ActorSpec("late", FailsItsFirstStart, (marker,)))
+    with trio.fail_after(TIMEOUT):
+        async with open_supervisor(spec) as sup:
+            status = sup.status()
+            assert status.healthy, status  # the body used to start with it restarting
+            assert status.actor("late").restart_count == 1
 
 
 async def test_backoff_spaces_out_a_crash_loop() -> None:

@@ -143,6 +143,20 @@ def test_a_signal_in_the_first_moments_stops_it_cleanly(after_s: float) -> None:
     assert "rt-serve ready" not in err
 
 
+def test_a_configuration_the_scheduler_refuses_at_start_up_is_exit_2_at_once() -> None:
+    """Found only by the scheduler's start-up (the KV pool is sized there): it was
+    retried until the supervisor gave up, then exit 3; the server had said ready."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rt.serve", "--port", "0", "--mem-fraction-static", "1e-9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "could not start" in proc.stderr and "mem_fraction=1e-09 leaves room" in proc.stderr
+    assert "restarting" not in proc.stderr and "ready on" not in proc.stderr
+
+
 def test_a_port_in_use_is_a_line_before_the_engine_starts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
