@@ -121,9 +121,16 @@ class TokenizerCore:
             raise InvalidRequestError(
                 "messages: this model has no chat template; send text or input_ids instead"
             )
+        messages = list(messages)
+        if "developer" not in str(self.tokenizer.chat_template):
+            # OpenAI's newer name for "system": a template that does not know it gets it as
+            # that (one that knows only system/user/assistant refused it; others dropped it)
+            messages = [
+                {**m, "role": "system"} if m["role"] == "developer" else m for m in messages
+            ]
         try:
             text = self.tokenizer.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True
             )
         except Exception as err:  # a template error is the caller's input, not a crash
             raise InvalidRequestError(f"messages: the chat template failed: {err}") from err

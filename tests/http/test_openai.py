@@ -49,6 +49,22 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     assert out.usage.prompt_tokens > 0
     assert 0 < out.usage.completion_tokens <= 8
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    # the newer name of the system role, which the shipped model's template does not know
+    dev = client.chat.completions.create(
+        model=model_id(client),
+        messages=[{"role": "developer", "content": "Answer briefly."}, *MESSAGES],
+        max_tokens=8,
+        temperature=0.0,
+    )
+    system = client.chat.completions.create(
+        model=model_id(client),
+        messages=[{"role": "system", "content": "Answer briefly."}, *MESSAGES],
+        max_tokens=8,
+        temperature=0.0,
+    )
+    assert dev.choices[0].message.content == system.choices[0].message.content
+    assert dev.usage is not None and system.usage is not None
+    assert dev.usage.prompt_tokens == system.usage.prompt_tokens
 
 
 def test_chat_stream_with_usage_in_the_last_chunk(client: openai.OpenAI) -> None:

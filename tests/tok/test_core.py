@@ -225,3 +225,37 @@ def test_a_chat_template_that_raises_refuses_its_request(tokenizer) -> None:
     assert isinstance(tool, Refused) and tool.error == "InvalidRequestError"
     assert "the chat template failed: no tool messages" in tool.message
     assert ids_of(user) == tokenizer.encode("hi", add_special_tokens=False)
+
+
+def test_a_developer_message_is_a_system_one_where_the_template_knows_no_developer(
+    tokenizer,
+) -> None:
+    """OpenAI's newer clients send the system prompt as role "developer"; a
+    template that knows only system/user/assistant refused the request."""
+    tokenizer = type(tokenizer)(tokenizer_object=tokenizer.backend_tokenizer)
+    known = "{% if m['role'] not in ['system', 'user'] %}{{ raise_exception('role ' + m['role']) }}{% endif %}"
+    tokenizer.chat_template = (
+        "{% for m in messages %}" + known + "[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    )
+    core = TokenizerCore(tokenizer, context_length=256, vocab_size=len(tokenizer))
+    dev = ({"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"})
+    sysm = ({"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"})
+    tool = ({"role": "developer", "content": "x"}, {"role": "tool", "content": "hi"})
+    as_dev, as_sys, bad = core.process(
+        [
+            GenerateRequest("d", messages=dev),
+            GenerateRequest("s", messages=sysm),
+            GenerateRequest("t", messages=tool),
+        ]
+    )
+    assert ids_of(as_dev) == ids_of(as_sys)
+    assert isinstance(bad, Refused) and "role tool" in bad.message
+    # a template that knows the role keeps it
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'developer' %}D{% endif %}"
+        "({{ m['role'] }}){% endfor %}"
+    )
+    (kept,) = TokenizerCore(tokenizer, context_length=256, vocab_size=len(tokenizer)).process(
+        [GenerateRequest("k", messages=dev)]
+    )
+    assert tokenizer.decode(ids_of(kept)).replace(" ", "") == "D(developer)(user)"
