@@ -26,7 +26,7 @@ class ActorStatus:
     child had in hand: restarted, but not counted toward escalation.
     ``beat_age`` is the time since its last beat alone, requests in hand or
     not: its trio thread beats at least every second while the process runs
-    (a step runs on a worker thread), so past ``SILENT_AFTER_S`` the process is
+    (long work runs on a worker thread), so past ``SILENT_AFTER_S`` the process is
     stopped (SIGSTOP) or its trio thread is stuck, long before the watchdog
     kills it."""
 
@@ -43,7 +43,7 @@ class ActorStatus:
     beat_age: float | None = None  # since its last beat alone (None: not running)
 
 
-SILENT_AFTER_S = 3.0  # a running child with no beat for this long cannot answer
+SILENT_AFTER_S = 5.0  # a running child with no beat for this long cannot answer
 
 
 @dataclass(frozen=True)

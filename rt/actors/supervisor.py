@@ -465,8 +465,10 @@ class Supervisor:
             )
             self._notify()
             return None
-        if isinstance(event.error, ActorStartupError) and event.error.refused:
-            child.state = ActorState.FAILED  # its configuration: every restart would fail
+        # never up, its configuration refused: every restart would fail alike (after it has
+        # been up, free memory or a device may come back: restarted as any crash)
+        if child.ready_at is None and getattr(event.error, "refused", False):
+            child.state = ActorState.FAILED
             self._escalate(child, event, "cannot start with this configuration")
             return None
         # An exit charged to the requests in hand is not the child's own failure:
@@ -488,9 +490,8 @@ class Supervisor:
         return _Restart(child, event, delay)
 
     def _escalate(self, child: _Child, event: _Exit, why: str | None = None) -> None:
-        why = why or (
-            f"needed more than {self.spec.max_restarts} restarts within {self.spec.max_seconds:g} s"
-        )
+        most, window = self.spec.max_restarts, self.spec.max_seconds
+        why = why or f"needed more than {most} restarts within {window:g} s"
         self._escalation = EscalationError(
             f"supervisor {self.spec.name!r}: actor {child.spec.name!r} {why}; "
             f"shutting everything down. Last exit reasons of {child.spec.name!r}: "
@@ -580,15 +581,14 @@ class Supervisor:
 async def open_supervisor(spec: SupervisorSpec, **options: Any) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the body of the ``async with``; every child is ready
     on entry (one whose first start failed is restarted first), and everything
-    is stopped and unlinked on exit. An escalation
-    cancels the body and comes out as an ExceptionGroup holding EscalationError.
-    The rings stay open until the body has exited, so the body may close the
-    ends it attached (or send on them) in its own ``finally``."""
+    is stopped and unlinked on exit. An escalation cancels the body and comes
+    out as an ExceptionGroup holding EscalationError. The rings stay open until
+    the body has exited, so the body may close the ends it attached (or send
+    on them) in its own ``finally``."""
     supervisor = Supervisor(spec, **options)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(supervisor._run, close_rings=False))
-            # a child whose first start failed is being started again: not ready yet
             if (await supervisor.wait_for(lambda s: s.settled)).escalated is not None:
                 await trio.sleep_forever()  # until _run raises it and this is cancelled
             yield supervisor

@@ -105,7 +105,13 @@ def build_request(
             f"{sorted(SAMPLING_FIELDS)} or {sorted(OTHER_FIELDS)}"
         )
     truncate = _flag(options, "allow_auto_truncate", False)
-    text, input_ids, messages, cut = _prompt(prompt, options, vocab_size, context_length, truncate)
+    overflow = None  # raised once the other arguments are checked: a bad one is named first
+    try:
+        text, input_ids, messages, cut = _prompt(
+            prompt, options, vocab_size, context_length, truncate
+        )
+    except ContextOverflowError as err:
+        overflow, (text, input_ids, messages, cut) = err, (None, None, None, 0)
     sampling = _sampling(options, vocab_size)
     detok = DetokParams(
         _flag(options, "skip_special_tokens", True),
@@ -125,6 +131,8 @@ def build_request(
         raise InvalidRequestError(
             f"priority: expected an integer in [{INT64_MIN}, {INT64_MAX}], got {show(priority)}"
         )
+    if overflow is not None:
+        raise overflow
     return _as_received(
         GenerateRequest(
             rid=rid or uuid.uuid4().hex,

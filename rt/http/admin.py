@@ -136,6 +136,8 @@ async def flush_cache(front: Front, ex: Exchange) -> None:
 
 
 async def pause_generation(front: Front, ex: Exchange) -> None:
+    if front.stopping:  # the drain resumed generation so that what is in flight can finish
+        raise HTTPError(503, "the server is shutting down: generation cannot be paused now")
     try:
         await front.engine.pause_generation()
     except errors.RtError as err:

@@ -232,18 +232,23 @@ def _done(
     front: Front, cid: Any, req: GenerateRequest, result: Result, cancelled: bool
 ) -> dict[str, Any]:
     """The ``done`` frame: ``meta_info`` as /generate's; with ``n > 1``, the
-    request's own fields there (``completion_tokens`` counts every sequence) and
-    each sequence's ``meta_info`` under ``meta_infos``, by index."""
+    request's own fields there (``completion_tokens`` counts every sequence, the
+    prompt's logprobs are there once) and each sequence's ``meta_info`` under
+    ``meta_infos``, by index. A cancel's finish_reason is the request's."""
     metas = [
         native.output(front, req, result, seq, j)["meta_info"] for j, seq in enumerate(result.seqs)
     ]
     if len(metas) > 1:
-        shared = ("id", "prompt_tokens", "cached_tokens", "e2e_latency")
+        shared = {"id", "prompt_tokens", "cached_tokens", "e2e_latency"}
+        shared |= {"input_token_logprobs", "input_top_logprobs"} & metas[0].keys()
         meta = {k: metas[0][k] for k in shared}
+        for each in metas:
+            each.pop("input_token_logprobs", None)
+            each.pop("input_top_logprobs", None)
     else:
         meta = metas[0] if metas else {"id": result.rid}
-        if cancelled:
-            meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
+    if cancelled:
+        meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
     meta["completion_tokens"] = result.completion_tokens
     frame = {"id": cid, "type": "done", "meta_info": meta}
     if len(metas) > 1:

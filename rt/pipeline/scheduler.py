@@ -80,6 +80,9 @@ FRONT = "front-sched"  # the frontend's ring: resubmissions, aborts, finish-now
 # VM, more than the step.
 INLINE_STEP_S = 0.001
 IDLE_CHECK_S = 0.05
+# The idle KV check walks the whole pool on the trio thread (0.2 s for a million
+# tokens here): it takes at most this share of the time, however big the pool.
+CHECK_SHARE = 0.02
 TOMBSTONE_TTL_S = 30.0  # see the module docstring
 # Busy, a report rides on a step's frame this often (without the KV integrity
 # walk, which waits for idle): /server_info and /metrics froze under load.
@@ -138,6 +141,7 @@ class SchedulerActor(Actor):
         self.reported = False  # whether this idle spell's state was reported
         self.report_due = 0.0  # time.monotonic() of the next report while busy
         self.integrity_ok = True  # the last idle check's verdict
+        self.check_s, self.checked_at = 0.0, -math.inf  # how long it took, and when
         self.reported_requests = 0  # the request records the last report counted
         self.controls: list[Control] = []  # applied between two steps, in arrival order
         self.paused = False
@@ -379,13 +383,16 @@ class SchedulerActor(Actor):
     def _stats(self, check: bool = True) -> SchedulerStats:
         """Reported each time the core goes idle, with its KV invariants checked,
         and every BUSY_REPORT_EVERY_S while busy (with the last check's verdict)."""
-        if check:
+        if check and time.monotonic() - self.checked_at >= self.check_s / CHECK_SHARE:
+            started = time.monotonic()
             try:
                 self.engine.check_integrity()
                 self.integrity_ok = True
             except AssertionError:
                 log.exception("KV integrity check failed")
                 self.integrity_ok = False
+            self.checked_at = time.monotonic()
+            self.check_s = self.checked_at - started
         stats = self.engine.stats()
         self.reported_requests = self.num_request_records
         return SchedulerStats(

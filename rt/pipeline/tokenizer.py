@@ -182,9 +182,12 @@ def rid_of(frame: Frame) -> str | None:
 
 
 def _size(req: GenerateRequest) -> int:
-    """Roughly how much text the tokenizer has to read for ``req``."""
+    """Roughly how much the tokenizer has to read for ``req`` (each id is checked
+    in Python: long id prompts go off the trio thread too)."""
     if isinstance(req.text, str):
         return len(req.text)
+    if req.input_ids is not None:
+        return len(req.input_ids)
     return sum(len(str(m.get("content", ""))) for m in req.messages or () if isinstance(m, dict))
 
 

@@ -165,8 +165,11 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
                 }
             )
         )
-        frames = [await receive(ws) for _ in range(3)]
-        assert frames[-1]["type"] == "done" and frames[-1]["id"] == "after"
+        frames = [await receive(ws)]
+        while frames[-1]["type"] == "delta":  # (two tokens may come in one delta)
+            frames.append(await receive(ws))
+        assert frames[-1]["type"] == "done" and frames[-1]["id"] == "after", frames
+        assert sum(len(f.get("output_ids", ())) for f in frames) == 2, frames
 
 
 async def test_closing_the_socket_aborts_its_requests(default_server: Server) -> None:
@@ -331,6 +334,30 @@ async def test_with_n_above_1_the_done_frame_gives_each_sequence_its_meta_info(
             assert frame["meta_info"]["completion_tokens"] == sum(map(len, ids.values()))
             assert "finish_reason" not in frame["meta_info"]  # the request has none of its own
             differed |= len({json.dumps(e) for e in ends.values()}) > 1
+        # the prompt's logprobs once, in the request's own meta_info
+        lp = {"text": "In the beginning", "return_logprob": True, "logprob_start_len": 0}
+        await ws.send_message(
+            json.dumps({"id": "lp", "type": "generate", **lp, "sampling_params": params})
+        )
+        while (frame := await receive(ws))["type"] == "delta":
+            pass
+        assert (
+            len(frame["meta_info"]["input_token_logprobs"]) == frame["meta_info"]["prompt_tokens"]
+        )
+        assert all("input_token_logprobs" not in m for m in frame["meta_infos"])
+        assert all(
+            len(m["output_token_logprobs"]) == m["completion_tokens"] for m in frame["meta_infos"]
+        )
+        # a cancel's finish_reason is the request's
+        long = {**params, "max_new_tokens": 400, "ignore_eos": True, "stop": []}
+        await ws.send_message(
+            json.dumps({"id": "c", "type": "generate", "text": "In", "sampling_params": long})
+        )
+        assert (await receive(ws))["type"] == "delta"
+        await ws.send_message(json.dumps({"id": "c", "type": "cancel"}))
+        while (frame := await receive(ws))["type"] == "delta":
+            pass
+        assert frame["meta_info"]["finish_reason"]["type"] == "abort", frame
     assert differed, "no seed gave sequences that ended differently: the test proves nothing"
     async with connect(default_server.url) as client:  # rt.client: the same, by index
         outs = await client.generate("And the LORD said", sampling_params={**params, "seed": 2})
