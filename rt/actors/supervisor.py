@@ -457,12 +457,8 @@ class Supervisor:
             child.request_crashes += 1
         if not should_restart(child.spec.restart, event.abnormal):
             child.state = ActorState.FAILED if event.abnormal else ActorState.STOPPED
-            log.warning(
-                "actor %r exited (%s); %s, not restarted",
-                child.spec.name,
-                event.reason,
-                child.spec.restart.value,
-            )
+            name, kind = child.spec.name, child.spec.restart.value
+            log.warning("actor %r exited (%s); %s, not restarted", name, event.reason, kind)
             self._notify()
             return None
         # never up, its configuration refused: every restart would fail alike (after it has
@@ -476,6 +472,10 @@ class Supervisor:
         if not event.with_requests and not self._intensity.record(time.monotonic()):
             child.state = ActorState.FAILED
             self._escalate(child, event)
+            return None
+        if child.ready_at is None and child.incarnation > self.spec.max_restarts:
+            child.state = ActorState.FAILED  # each start slower than the window: never trips it
+            self._escalate(child, event, f"never came up in {child.incarnation} starts")
             return None
         log.warning("actor %r exited (%s): restarting", child.spec.name, event.reason)
         child.state = ActorState.RESTARTING

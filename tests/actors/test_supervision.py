@@ -140,6 +140,22 @@ async def test_a_start_up_that_refuses_its_configuration_escalates_at_once() -> 
     assert isinstance(escalation.__cause__, ActorStartupError) and escalation.__cause__.refused
 
 
+async def test_a_child_that_never_comes_up_escalates_however_slow_its_starts() -> None:
+    """Each failed start slower than the restart window never trips the intensity
+    (a model that loads for minutes, then fails): the body waited for ever."""
+    spec = quick_spec(
+        ActorSpec("idle", Idle),
+        ActorSpec("doomed", FailingStartup),
+        max_restarts=2,
+        max_seconds=0.001,
+    )
+    with pytest.raises(ExceptionGroup) as caught, trio.fail_after(TIMEOUT):
+        async with open_supervisor(spec):
+            pytest.fail("the body ran with an actor that never started")
+    (escalation,) = caught.value.exceptions
+    assert "actor 'doomed' never came up in 3 starts" in str(escalation)
+
+
 async def test_the_body_starts_once_a_child_whose_first_start_failed_is_up(tmp_path) -> None:
     marker = str(tmp_path / "started-once")
     spec = quick_spec(ActorSpec("idle", Idle), ActorSpec("late", FailsItsFirstStart, (marker,)))
