@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, TypeVar
 
+import msgspec
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -181,8 +182,16 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def loads(data: bytes | str) -> Any:
-    """JSON, or a 400 that says why not. (The standard library's parser: it keeps
-    a lone surrogate escape, which the engine then refuses by name and position.)"""
+    """JSON, or a 400 that says why not. msgspec's parser first: ~5× faster (a
+    10 MiB body held the event loop 0.15 s in the standard library's), and on
+    standard JSON it gives the same values. What it refuses goes to the standard
+    library's, whose answer stands: its error messages, and the values msgspec
+    refuses (a lone surrogate escape, which the engine then refuses by name and
+    position; NaN; a number past float's range; a UTF-8 BOM)."""
+    try:
+        return msgspec.json.decode(data)
+    except Exception:
+        pass
     try:
         return json.loads(data)
     except RecursionError:
