@@ -126,6 +126,10 @@ def children_of(pid: int) -> list[int]:
 
 
 def start_server(*args: str) -> Server:
+    if not any(a.startswith(("--torch-threads", "--scheduler-cpus")) for a in args):
+        # One torch thread: beside the other xdist worker, two threads' synchronisation
+        # on two busy cores made 480-token requests take minutes instead of seconds.
+        args = ("--torch-threads=1", *args)
     proc = subprocess.Popen(
         [sys.executable, "-m", "rt.serve", "--port", "0", *args],
         stdin=subprocess.DEVNULL,
