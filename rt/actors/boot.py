@@ -4,11 +4,12 @@ The parent writes one message to the child's control socket: ``(sys.path,
 cloudpickle(ChildBoot))``, so the child can import what the parent could
 before it unpickles the actor's factory. The child answers one of::
 
-    ("ready",)                           start-up done, the actor runs
-    ("startup_error", traceback, error)  start-up raised; the child then exits 1
-    ("crashed", traceback, error)        run() raised after ready; the child then exits 1
+    ("ready",)                                    start-up done, the actor runs
+    ("startup_error", traceback, error, refused)  start-up raised; the child then exits 1
+    ("crashed", traceback, error)                 run() raised after ready; then exits 1
 
-``error`` is the innermost real exception's ``Type: message`` (through exception groups).
+``error`` is the innermost real exception's ``Type: message`` (through exception groups);
+``refused``: it was a ConfigError (starting again would fail the same way).
 
 Messages are a u32 length and a pickle. The parent never unpickles anything
 but what its own child wrote.

@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         boot: ChildBoot = pickle.loads(payload)
     except Exception as err:
-        ctl.sendall(wire.encode(("startup_error", traceback.format_exc(), describe_error(err))))
+        report = ("startup_error", traceback.format_exc(), describe_error(err), False)
+        ctl.sendall(wire.encode(report))
         sys.exit(1)
     sys.exit(trio.run(run_child, boot, ctl))
 

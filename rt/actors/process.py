@@ -118,11 +118,11 @@ class ChildProcess:
             await self.wait()
         code = await self.kill()  # a no-op unless something kept it alive
         if message is not None and message[0] == "startup_error":
-            _, child_traceback, error, *refused = message
+            _, child_traceback, error, refused = message
             raise ActorStartupError(
                 f"actor {self.name!r} (pid {self.pid}) raised during start-up: {error}",
                 child_traceback,
-                refused=bool(refused and refused[0]),
+                refused=refused,
             )
         raise ActorStartupError(
             f"actor {self.name!r} (pid {self.pid}) exited before reporting ready "

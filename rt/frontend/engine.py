@@ -117,11 +117,9 @@ class _Out:
 class Engine:
     """Use through :func:`open_engine`."""
 
-    def __init__(
-        self, options: EngineOptions, supervisor: Supervisor, limits: tuple[int, int]
-    ) -> None:
+    def __init__(self, options: EngineOptions, supervisor: Supervisor) -> None:
         self.options = options
-        self.context_length, self.vocab_size = limits
+        self.context_length, self.vocab_size = options.model_limits()
         self.table = RequestTable(options.max_crashes_per_request)
         self._sup = supervisor
         workers = options.tokenizer_workers
@@ -567,11 +565,10 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     plan = opts.fault_plan
     if isinstance(plan, str):
         plan = FaultPlan.load(plan)
-    limits = opts.model_limits()
     raised: list[BaseException] = []  # by the body of the ``async with``
     try:
         async with open_supervisor(spec, fault_plan=plan) as supervisor:
-            engine = Engine(opts, supervisor, limits)
+            engine = Engine(opts, supervisor)
             try:
                 async with trio.open_nursery() as nursery:
                     for rx in engine._from_tok:

@@ -46,6 +46,9 @@ class TokenizerCore:
         # tokenized, which for a text of megabytes took longer than the watchdog allows
         per_token = max_token_bytes(tokenizer)
         self.max_text_bytes = None if per_token is None else context_length * per_token
+        # OpenAI's newer name for "system": a template that does not know it gets it as
+        # that (one that knows only system/user/assistant refused it; others dropped it)
+        self.developer_as_system = "developer" not in str(getattr(tokenizer, "chat_template", ""))
 
     def process(self, reqs: Sequence[GenerateRequest]) -> list[Result]:
         """One result per request, in order: the request for the scheduler and the
@@ -122,9 +125,7 @@ class TokenizerCore:
                 "messages: this model has no chat template; send text or input_ids instead"
             )
         messages = list(messages)
-        if "developer" not in str(self.tokenizer.chat_template):
-            # OpenAI's newer name for "system": a template that does not know it gets it as
-            # that (one that knows only system/user/assistant refused it; others dropped it)
+        if self.developer_as_system:
             messages = [
                 {**m, "role": "system"} if m["role"] == "developer" else m for m in messages
             ]
