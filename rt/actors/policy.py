@@ -6,7 +6,7 @@ it, and how long to back off. Times are plain floats in seconds.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from rt.actors.spec import Restart, Strategy
@@ -35,22 +35,35 @@ def affected(strategy: Strategy, failed: int, count: int) -> range:
 
 @dataclass
 class RestartIntensity:
-    """At most ``max_restarts`` restarts within any ``max_seconds`` window."""
+    """At most ``max_restarts`` restarts within any ``max_seconds`` window, of
+    all the supervisor's children together (as Erlang/OTP counts them)."""
 
     max_restarts: int
     max_seconds: float
-    _times: deque[float] = field(default_factory=deque)
+    _times: deque[tuple[float, str]] = field(default_factory=deque)  # (when, whose)
 
-    def record(self, now: float) -> bool:
-        """Count one restart at ``now``. False: the intensity is exceeded, escalate."""
-        self._times.append(now)
-        while self._times and self._times[0] <= now - self.max_seconds:
+    def record(self, now: float, who: str = "") -> bool:
+        """Count one restart (of child ``who``) at ``now``. False: the intensity
+        is exceeded, escalate."""
+        self._times.append((now, who))
+        while self._times and self._times[0][0] <= now - self.max_seconds:
             self._times.popleft()
         return len(self._times) <= self.max_restarts
 
     def recent(self, now: float) -> int:
         """Restarts counted within the window ending at ``now``."""
-        return sum(1 for t in self._times if t > now - self.max_seconds)
+        return sum(1 for t, _ in self._times if t > now - self.max_seconds)
+
+    def exceeded(self) -> str:
+        """Why an escalation for the intensity: the limit, and whose restarts spent it
+        (the child that exited last may have had few of them)."""
+        counts = Counter(who for _, who in self._times)
+        return (
+            f"exited once too often: more than {self.max_restarts} restarts within "
+            f"{self.max_seconds:g} s, counting every actor of the supervisor ("
+            + ", ".join(f"{who} {n}" for who, n in counts.items())
+            + ")"
+        )
 
 
 @dataclass

@@ -467,9 +467,10 @@ class Supervisor:
             child.state = ActorState.FAILED
             self._escalate(child, event, "cannot start with this configuration")
             return None
-        # An exit charged to the requests in hand is not the child's own failure:
-        # the actors isolate and refuse poison requests, so it never escalates.
-        if not event.with_requests and not self._intensity.record(time.monotonic()):
+        # an exit charged to the requests in hand is theirs (poison is refused): no escalation
+        if not event.with_requests and not self._intensity.record(
+            time.monotonic(), child.spec.name
+        ):
             child.state = ActorState.FAILED
             self._escalate(child, event)
             return None
@@ -490,8 +491,7 @@ class Supervisor:
         return _Restart(child, event, delay)
 
     def _escalate(self, child: _Child, event: _Exit, why: str | None = None) -> None:
-        most, window = self.spec.max_restarts, self.spec.max_seconds
-        why = why or f"needed more than {most} restarts within {window:g} s"
+        why = why or self._intensity.exceeded()
         self._escalation = EscalationError(
             f"supervisor {self.spec.name!r}: actor {child.spec.name!r} {why}; "
             f"shutting everything down. Last exit reasons of {child.spec.name!r}: "

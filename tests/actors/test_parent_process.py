@@ -68,7 +68,7 @@ async def test_escalation_in_a_supervisor_main_exits_non_zero() -> None:
         )
     assert result.returncode == 3
     stderr = result.stderr.decode()
-    assert "rt: supervisor 'root': actor 'doomed' needed more than 1 restarts" in stderr
+    assert "rt: supervisor 'root': actor 'doomed' exited once too often: more than 1" in stderr
     assert "this actor cannot start: boom" in stderr
 
 

@@ -46,6 +46,24 @@ def test_intensity_forgets_restarts_older_than_the_window() -> None:
     assert not intensity.record(11.0)
 
 
+def test_an_escalation_says_whose_restarts_spent_the_limit() -> None:
+    """The limit counts every child together: the one that exits last may have
+    restarted once (the message used to give it the whole count)."""
+    intensity = RestartIntensity(max_restarts=3, max_seconds=10.0)
+    for t, who in (
+        (0.0, "old"),
+        (11.0, "detokenizer"),
+        (12.0, "detokenizer"),
+        (13.0, "detokenizer"),
+    ):
+        assert intensity.record(t, who)
+    assert not intensity.record(14.0, "tokenizer0")
+    assert intensity.exceeded() == (
+        "exited once too often: more than 3 restarts within 10 s, counting every actor of "
+        "the supervisor (detokenizer 3, tokenizer0 1)"
+    )
+
+
 def test_zero_restarts_escalates_at_once() -> None:
     assert RestartIntensity(max_restarts=0, max_seconds=1.0).record(0.0) is False
 

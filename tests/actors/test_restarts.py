@@ -56,7 +56,10 @@ async def test_crashes_without_requests_in_hand_still_escalate(flagged_until: in
     sup = Supervisor(quick_spec(ActorSpec("tok", DiesWithRequests, kwargs=kwargs), max_restarts=2))
     with pytest.raises(EscalationError) as caught, trio.fail_after(TIMEOUT):
         await sup.run()
-    assert "actor 'tok' needed more than 2 restarts within 60 s" in str(caught.value)
+    assert "actor 'tok' exited once too often: more than 2 restarts within 60 s" in str(
+        caught.value
+    )
+    assert "counting every actor of the supervisor (tok 3)" in str(caught.value)
     tok = sup.status().actor("tok")
     assert tok.state is ActorState.FAILED
     assert tok.request_crashes == flagged_until

@@ -60,8 +60,8 @@ async def test_an_escalating_subtree_is_restarted_and_can_escalate_the_root() ->
     with pytest.raises(EscalationError) as caught, trio.fail_after(TIMEOUT):
         await sup.run()
     message = str(caught.value)
-    assert "actor 'workers' needed more than 1 restarts" in message
-    assert "escalated (supervisor 'workers': actor 'doomed' needed more than 1 restarts" in message
+    assert "actor 'workers' exited once too often: more than 1 restarts" in message
+    assert "escalated (supervisor 'workers': actor 'doomed' exited once too often" in message
     status = sup.status()
     assert status.actor("workers").state is ActorState.FAILED
     assert status.actor("workers").restart_count == 1
