@@ -10,6 +10,7 @@ seconds), then everything stops and the command exits 0.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import socket
@@ -279,6 +280,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="generations one /ws connection may have in flight; one more gets an error frame with status 429 (default: %(default)s)",
     )
     server.add_argument(
+        "--allowed-origins",
+        default='["*"]',
+        help="""origins a browser page may call the server from (CORS), as vLLM's flag: a JSON list such as '["https://a.example"]', or "[]" for none (default: '["*"]', any)""",
+    )
+    server.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="let browser pages from --allowed-origins send cookies and credentials (CORS)",
+    )
+    server.add_argument(
         "--allow-auto-truncate",
         action="store_true",
         help="cut prompts over the context instead of refusing them with 400",
@@ -343,6 +354,7 @@ def http_settings(args: argparse.Namespace) -> Settings:
         raise errors.ConfigError(
             f"--ws-max-in-flight: expected 1 or more, got {args.ws_max_in_flight}"
         )
+    origins = _origins(args.allowed_origins)
     return Settings(
         host=args.host,
         port=args.port,
@@ -353,7 +365,22 @@ def http_settings(args: argparse.Namespace) -> Settings:
         max_queued_requests=args.max_queued_requests,
         allow_auto_truncate=args.allow_auto_truncate,
         ws_max_in_flight=args.ws_max_in_flight,
+        allowed_origins=origins,
+        allow_credentials=args.allow_credentials,
     )
+
+
+def _origins(value: str) -> tuple[str, ...]:
+    try:
+        origins = json.loads(value)
+    except ValueError:
+        origins = None
+    if not isinstance(origins, list) or not all(isinstance(o, str) and o for o in origins):
+        raise errors.ConfigError(
+            "--allowed-origins: expected a JSON list of origins such as "
+            f"'[\"https://a.example\"]' (or '[\"*\"]', or '[]'), got {value!r}"
+        )
+    return tuple(origins)
 
 
 async def serve(options: dict[str, Any], settings: Settings) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
+from starlette.middleware.cors import CORSMiddleware
 
 from rt.http.app import App
 from rt.http.front import Front
@@ -53,6 +54,14 @@ async def serve(
     address (``http://127.0.0.1:30000``; port 0 binds a free one)."""
     front = Front(engine, settings)
     app: Any = App(front)  # an ASGI 3 callable; hypercorn's types want its TypedDicts
+    if settings.allowed_origins:  # preflights answered, and the headers added, by Starlette's
+        app = CORSMiddleware(
+            app,
+            allow_origins=settings.allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            allow_credentials=settings.allow_credentials,
+        )
     done = trio.Event()
 
     async def run_hypercorn(task_status: trio.TaskStatus[list[str]]) -> None:

@@ -17,7 +17,10 @@ class Settings:
     its headers (then 408 and the connection closes). ``ws_max_in_flight``: the
     generations one /ws connection may have in flight (one more is refused
     with an error frame, status 429): a client that sends and never reads
-    holds at most that many."""
+    holds at most that many. ``allowed_origins``: the origins a browser may
+    call from (CORS; ``*`` any, as vLLM's and SGLang's servers allow by
+    default; none: no CORS headers), with cookies and credentials when
+    ``allow_credentials``."""
 
     host: str = "127.0.0.1"
     port: int = 30000
@@ -30,6 +33,8 @@ class Settings:
     allow_auto_truncate: bool = False
     health_generate_timeout: float = 20.0
     ws_max_in_flight: int = 1024
+    allowed_origins: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
 
     def __post_init__(self) -> None:
         assert self.max_body_size > 0, self.max_body_size

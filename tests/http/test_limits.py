@@ -35,6 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         f"--body-timeout={BODY_TIMEOUT_S}",
         "--allow-auto-truncate",
         "--ws-max-in-flight=2",
+        '--allowed-origins=["https://ui.example"]',
     ) as s:
         yield s
 
@@ -255,3 +256,40 @@ async def test_disconnect_mid_stream_frees_the_kv_at_once(server: Server) -> Non
         assert stats["request_tokens"] == 0  # its KV is free
         text = (await client.get("/metrics")).text
         assert 'rt_aborted_requests_total{cause="cancelled"}' in text
+
+
+PREFLIGHT = {
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
+
+
+def test_a_browser_page_may_call_from_an_allowed_origin_only(server: Server) -> None:
+    """CORS: a preflight needs no key (a browser sends none with it); the answer,
+    a 401 included, carries the origin so that the page can read it."""
+    url = f"{server.url}/v1/chat/completions"
+    ok = httpx.options(url, headers={"Origin": "https://ui.example", **PREFLIGHT})
+    assert ok.status_code == 200, ok.text
+    assert ok.headers["access-control-allow-origin"] == "https://ui.example"
+    assert "authorization" in ok.headers["access-control-allow-headers"].lower()
+    refused = httpx.options(url, headers={"Origin": "https://evil.example", **PREFLIGHT})
+    assert refused.status_code == 400
+    assert "access-control-allow-origin" not in refused.headers
+    for headers, status in (({}, 401), (AUTH, 200)):
+        answer = httpx.get(
+            f"{server.url}/v1/models", headers={"Origin": "https://ui.example", **headers}
+        )
+        assert answer.status_code == status
+        assert answer.headers["access-control-allow-origin"] == "https://ui.example"
+
+
+def test_any_origin_by_default_as_vllm_and_sglang(default_server: Server) -> None:
+    url = f"{default_server.url}/v1/completions"
+    preflight = httpx.options(url, headers={"Origin": "http://localhost:3000", **PREFLIGHT})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "*"
+    body = {"prompt": "In the", "max_tokens": 2}
+    answer = httpx.post(url, json=body, headers={"Origin": "http://localhost:3000"}, timeout=30)
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "*"
+    plain = httpx.post(url, json=body, timeout=30)  # no Origin: no CORS headers
+    assert "access-control-allow-origin" not in plain.headers
