@@ -61,6 +61,9 @@ class GenerateRequest(Message, frozen=True):
     allow_auto_truncate: bool = False
     priority: int = 0
     truncated: int = 0  # ids the frontend cut already (past the context length)
+    # max_new_tokens is the room the prompt leaves in the context (the caller gave
+    # None: OpenAI's chat default); the tokenizer sets it once it knows the prompt
+    to_context: bool = False
 
 
 class Scheduled(Message, frozen=True):
@@ -87,6 +90,7 @@ class Tokenized(Message, frozen=True):
     rid: str
     input_ids: np.ndarray
     truncated: int = 0  # prompt tokens dropped by allow_auto_truncate
+    max_new_tokens: int = 0  # the budget a to_context request got (0: the one it asked for)
 
 
 class Refused(Message, frozen=True):

@@ -33,6 +33,9 @@ class DetokParams:
     spaces_between_special_tokens: bool = True
     stop: tuple[str, ...] = ()
     no_stop_trim: bool = False  # a stop string that ends the text stays in it
+    # stop strings count from this many output tokens on (the request's min_new_tokens,
+    # as vLLM's min_tokens: the text before is emitted as it is, never matched)
+    min_new_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,8 @@ class IncrementalDetokenizer:
             if len(full_text) > len(prefix_text) and (complete or update.finished):
                 text = full_text[len(prefix_text) :]
                 state.prefix, state.read = state.read, len(state.ids)
-            text = state.stops.feed(text)
+            if state.n_output >= state.params.min_new_tokens:
+                text = state.stops.feed(text)
             if update.finished or state.stops.matched is not None:
                 text += state.stops.flush()
                 state.finished = True

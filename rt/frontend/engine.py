@@ -242,7 +242,8 @@ class Engine:
 
     def _build(self, prompt: Any, options: dict[str, Any]) -> tuple[GenerateRequest, str]:
         """The request with a ring rid of its own, and the caller's rid."""
-        req = build_request(prompt, options, self.vocab_size, self.context_length)
+        limits = self.vocab_size, self.context_length, self.options.schedule_policy
+        req = build_request(prompt, options, *limits)
         return msgspec.structs.replace(req, rid=uuid.uuid4().hex), req.rid
 
     async def _submit(

@@ -40,6 +40,8 @@ Repaired, where what the caller meant is not in doubt:
 * a decimal string key of ``logit_bias`` (a JSON object's keys are strings)
   becomes that token id;
 * one stop string becomes a list of one;
+* ``max_new_tokens=None`` means as many as the context leaves room for after
+  the prompt (OpenAI's chat default; the tokenizer sets it);
 * None means "not given" for ``seed`` (one is drawn), ``stop``,
   ``stop_token_ids``, ``logit_bias`` and ``rid``.
 """
@@ -77,6 +79,7 @@ OTHER_FIELDS = {
     "priority",
     "rid",
 }
+MAX_CONTEXT = 1 << 31  # max_new_tokens=None's bound where the context length is not known
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_JSON_DEPTH = 32  # nesting inside a chat message (tool calls and the like)
@@ -88,7 +91,11 @@ PROMPT_KINDS = {
 
 
 def build_request(
-    prompt: Any, options: Mapping[str, Any], vocab_size: int, context_length: int | None = None
+    prompt: Any,
+    options: Mapping[str, Any],
+    vocab_size: int,
+    context_length: int | None = None,
+    policy: str = "priority",
 ) -> GenerateRequest:
     """``prompt`` is text, a list of token ids, or a list of chat messages (or None
     with ``input_ids=`` / ``messages=``); the other options are sampling parameters,
@@ -97,7 +104,9 @@ def build_request(
     serve (the module's docstring lists what is refused and what is repaired).
     Ids past ``context_length`` are refused (ContextOverflowError) or, with
     ``allow_auto_truncate``, cut here, before their ids are checked one by one
-    and sent: a prompt of millions of ids held the event loop for a second."""
+    and sent: a prompt of millions of ids held the event loop for a second.
+    A ``priority`` other than 0 is refused unless the scheduling ``policy`` is
+    "priority" (as vLLM refuses it: no order would honour it)."""
     unknown = [k for k in options if k not in SAMPLING_FIELDS and k not in OTHER_FIELDS]
     if unknown:
         raise InvalidRequestError(
@@ -112,12 +121,16 @@ def build_request(
         )
     except ContextOverflowError as err:
         overflow, (text, input_ids, messages, cut) = err, (None, None, None, 0)
+    to_context = "max_new_tokens" in options and options["max_new_tokens"] is None
+    if to_context:  # checked against the most the context allows; the tokenizer sets it
+        options = {**options, "max_new_tokens": context_length or MAX_CONTEXT}
     sampling = _sampling(options, vocab_size)
     detok = DetokParams(
         _flag(options, "skip_special_tokens", True),
         _flag(options, "spaces_between_special_tokens", True),
         _stop(options.get("stop")),
         _flag(options, "no_stop_trim", False),
+        sampling.min_new_tokens,
     )
     rid = options.get("rid")
     if rid is not None:
@@ -130,6 +143,12 @@ def build_request(
     if not INT64_MIN <= priority <= INT64_MAX:
         raise InvalidRequestError(
             f"priority: expected an integer in [{INT64_MIN}, {INT64_MAX}], got {show(priority)}"
+        )
+    if priority and policy != "priority":
+        raise InvalidRequestError(
+            f"priority: the schedule policy is {policy!r}, which has no priorities; expected 0 "
+            f"or none, got {priority} (schedule_policy='priority', or rt-serve's "
+            "--schedule-policy priority, uses them)"
         )
     if overflow is not None:
         raise overflow
@@ -144,6 +163,7 @@ def build_request(
             allow_auto_truncate=truncate,
             priority=priority,
             truncated=cut,
+            to_context=to_context,
         )
     )
 

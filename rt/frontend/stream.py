@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
+import numpy as np
 import trio
 
 from rt import errors
@@ -34,6 +35,7 @@ class Stream:
         self._done = False
         # counts and timings as of the last chunk (final with the last sequence's end)
         self.meta: Meta | None = None
+        self.input_ids: np.ndarray | None = None  # the prompt's, as the model reads them
         self._prompt_logprobs_sent = False
         self._next: Update | Refused | None = None  # received while coalescing, not yet given
         self._token = trio.lowlevel.current_trio_token()
@@ -83,6 +85,7 @@ class Stream:
             raise StopAsyncIteration
         seq = record.seqs[item.index]
         self.meta = record_meta(record)
+        self.input_ids = record.input_ids
         sampling, end = record.req.sampling, item.offset + len(item.ids)
         logprobs = tuple(seq.logprobs[item.offset : end]) if sampling.logprobs else None
         top = (

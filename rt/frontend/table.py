@@ -37,6 +37,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+import msgspec
 import numpy as np
 
 from rt.detok.incremental import CONTEXT_TOKENS
@@ -157,6 +158,9 @@ class RequestTable:
         if record is None or record.input_ids is not None or record.finished:
             return None
         record.input_ids, record.truncated = msg.input_ids, msg.truncated
+        if msg.max_new_tokens:  # the budget the tokenizer set: a resubmission keeps it
+            sampling = replace(record.req.sampling, max_new_tokens=msg.max_new_tokens)
+            record.req = msgspec.structs.replace(record.req, sampling=sampling, to_context=False)
         record.prompt_tokens = len(msg.input_ids)
         return record
 

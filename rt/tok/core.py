@@ -12,6 +12,7 @@ text to find the texts it fails on. Only a death of the process (which no
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rt.errors import ContextOverflowError, InvalidRequestError, RequestError, RequestFailedError
+from rt.gpu.sampling_params import SamplingParams
 from rt.messages import GenerateRequest, Refused, Scheduled, Tokenized
 
 log = logging.getLogger(__name__)
@@ -180,33 +182,48 @@ class TokenizerCore:
             raise InvalidRequestError(
                 f"input_ids: expected token ids in [0, {self.vocab_size}), got {bad!r}"
             )
-        req.sampling.validate(self.vocab_size)
-        budget = self.context_length - req.sampling.max_new_tokens
+        sampling = req.sampling
+        if req.to_context:  # max_new_tokens: the room the prompt leaves (at least one)
+            room = max(self.context_length - len(ids), 1)
+            sampling = dataclasses.replace(sampling, max_new_tokens=room)
+        sampling.validate(self.vocab_size)
+        budget = self.context_length - sampling.max_new_tokens
         truncated = 0
         if len(ids) > budget:
             if not req.allow_auto_truncate or budget < 1:
-                # truncating cannot help when max_new_tokens alone fills the context
-                advice = (
-                    "lower max_new_tokens"
-                    if req.allow_auto_truncate
-                    else "shorten the prompt, lower max_new_tokens, or set allow_auto_truncate"
-                )
-                raise ContextOverflowError(
-                    f"the prompt has {len(ids)} tokens and max_new_tokens is "
-                    f"{req.sampling.max_new_tokens}, together over the context length "
-                    f"{self.context_length}; {advice}"
-                )
+                raise ContextOverflowError(self._overflow(req, len(ids), sampling))
             truncated = len(ids) - budget
             ids = ids[truncated:]  # keep the end of the prompt: the part the answer follows
-        start = req.sampling.logprob_start_len
-        if req.sampling.prompt_logprobs and start >= len(ids):
+        start = sampling.logprob_start_len
+        if sampling.prompt_logprobs and start >= len(ids):
             raise InvalidRequestError(
                 f"logprob_start_len: expected a position in the prompt, below its {len(ids)} "
                 f"tokens, got {start}"
             )
         arr = np.asarray(ids, dtype=np.int64)
-        return Scheduled(req.rid, arr, req.sampling, req.priority), Tokenized(
-            req.rid, arr, truncated + req.truncated
+        return Scheduled(req.rid, arr, sampling, req.priority), Tokenized(
+            req.rid,
+            arr,
+            truncated + req.truncated,
+            sampling.max_new_tokens if req.to_context else 0,
+        )
+
+    def _overflow(self, req: GenerateRequest, size: int, sampling: SamplingParams) -> str:
+        if req.to_context:
+            return (
+                f"the prompt has {size} tokens, which leave no room for an answer in the "
+                f"context length {self.context_length}; shorten the prompt"
+                + ("" if req.allow_auto_truncate else " or set allow_auto_truncate")
+            )
+        # truncating cannot help when max_new_tokens alone fills the context
+        advice = (
+            "lower max_new_tokens"
+            if req.allow_auto_truncate
+            else "shorten the prompt, lower max_new_tokens, or set allow_auto_truncate"
+        )
+        return (
+            f"the prompt has {size} tokens and max_new_tokens is {sampling.max_new_tokens}, "
+            f"together over the context length {self.context_length}; {advice}"
         )
 
 

@@ -82,6 +82,23 @@ def test_nothing_at_or_after_a_stop_string_is_emitted(tokenizer, stop: str) -> N
     assert detok.step([TokenUpdate("r", pos + 1, ids[pos + 1 :])]) == []
 
 
+def test_stop_strings_count_from_min_new_tokens_on(tokenizer) -> None:
+    """As vLLM's ``min_tokens``: a stop string in the text of the first
+    ``min_new_tokens`` - 1 tokens is emitted as text; one after ends it."""
+    text = "the cat and the dog and the end"
+    ids = tokenizer.encode(text)
+    first_after = len(tokenizer.encode("the cat and the dog"))  # tokens up to the 2nd " and"
+    detok = IncrementalDetokenizer(tokenizer)
+    detok.open("r", [], DetokParams(stop=(" and",), min_new_tokens=first_after))
+    deltas = []
+    for pos in range(len(ids)):
+        deltas += detok.step([TokenUpdate("r", pos, ids[pos : pos + 1])])
+        if deltas and deltas[-1].finished:
+            break
+    assert "".join(d.text for d in deltas) == "the cat and the dog"
+    assert deltas[-1].stop_matched == " and" and deltas[-1].finished
+
+
 def test_a_stop_string_inside_the_first_token(tokenizer) -> None:
     ids = tokenizer.encode("The quick")
     detok = IncrementalDetokenizer(tokenizer)

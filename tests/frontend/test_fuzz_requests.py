@@ -61,6 +61,7 @@ REQUEST_TIMEOUT = 60.0  # seconds; a request of the null model takes millisecond
 ENGINE_OPTIONS: dict[str, Any] = dict(
     load_format="null",
     max_crashes_per_request=1,  # a poison request fails at once (and the example with it)
+    schedule_policy="priority",  # (under fcfs a priority other than 0 is refused)
 )
 PLAIN = "And God said"
 
@@ -174,9 +175,9 @@ def sampling_args() -> dict[str, Arg]:
     return {
         "max_new_tokens": arg(
             st.integers(1, 16),
-            st.integers(max_value=0) | NOT_INT,
-            ok_edges=[1],
-            bad_edges=[0, -1, I64_MAX + 1, 10**400, 8.0, "8", None, True],
+            st.integers(max_value=0) | NOT_INT.filter(lambda v: v is not None),
+            ok_edges=[1, None],  # None: the room the prompt leaves in the context
+            bad_edges=[0, -1, I64_MAX + 1, 10**400, 8.0, "8", True],
             long=[600, 10**6, I64_MAX],  # past the context of 512, whatever the prompt
         ),
         "min_new_tokens": arg(

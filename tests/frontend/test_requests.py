@@ -96,7 +96,7 @@ REFUSED = [
     # sampling parameters: types
     pytest.param("hi", {"max_new_tokens": True}, r"max_new_tokens: expected an integer, got True", id="bool-int"),
     pytest.param("hi", {"max_new_tokens": "8"}, r"max_new_tokens: expected an integer, got '8'", id="str-int"),
-    pytest.param("hi", {"max_new_tokens": None}, r"max_new_tokens: expected an integer, got None", id="none-int"),
+    pytest.param("hi", {"min_new_tokens": None}, r"min_new_tokens: expected an integer, got None", id="none-int"),
     pytest.param("hi", {"max_new_tokens": 8.0}, r"max_new_tokens: expected an integer, got 8.0", id="float-int"),
     pytest.param("hi", {"n": 2.0}, r"n: expected an integer, got 2.0", id="n-float"),
     pytest.param("hi", {"top_k": True}, r"top_k: expected an integer, got True", id="top-k-bool"),

@@ -479,3 +479,33 @@ async def test_a_request_the_dead_scheduler_took_before_the_frontend_knew_its_id
             out = await engine.generate(prompt, **params)
         assert list(out.output_ids) == want
         assert next(a for a in engine.actors() if a.name == "scheduler").restart_count == 1
+
+
+@pytest.mark.slow
+async def test_max_new_tokens_none_fills_the_context_across_a_scheduler_kill(tiny_model) -> None:
+    """``max_new_tokens=None`` (OpenAI's chat default) is the room the prompt
+    leaves: the tokenizer sets it, and the frontend's table keeps it, so the
+    scheduler that resumes the request after a kill gives the same tokens."""
+    reqs = [("The quick brown fox", {"max_new_tokens": None, "ignore_eos": True, "seed": 5})]
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        out = await engine.generate(*reqs[0][:1], **reqs[0][1])
+        assert out.meta.completion_tokens == 512 - out.meta.prompt_tokens
+        assert out.finish_reason == "length"
+        want = await streams(engine, reqs)
+        chunks = 0
+
+        def kill_once() -> None:
+            nonlocal chunks
+            chunks += 1
+            if chunks == 40:
+                os.kill(pid_of(engine, "scheduler"), signal.SIGKILL)
+
+        got = await streams(engine, reqs, kill_once)
+        assert chunks >= 40
+        status = {a.name: a for a in engine.actors()}
+        assert status["scheduler"].restart_count == 1
+        assert got == want == [out.text]
+        with pytest.raises(InvalidRequestError, match="priority: the schedule policy is 'fcfs'"):
+            await engine.generate("hi", priority=2)
+        with pytest.raises(rt.errors.ContextOverflowError, match="no room for an answer"):
+            await engine.generate([7] * 512, max_new_tokens=None)
