@@ -74,6 +74,15 @@ class EngineStream:
         return 0 if meta is None else meta.prompt_tokens
 
     @property
+    def kept_ids(self) -> tuple[int, ...] | None:
+        """The prompt's ids as the model read them when the engine cut its start
+        (``allow_auto_truncate``); None when it kept the whole prompt."""
+        meta, ids = self._stream.meta, self._stream.input_ids
+        if meta is None or not meta.truncated_tokens or ids is None:
+            return None
+        return tuple(int(t) for t in ids)
+
+    @property
     def cached_tokens(self) -> int:
         meta = self._stream.meta
         return 0 if meta is None else meta.cached_tokens

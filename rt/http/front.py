@@ -211,12 +211,13 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
             message = rename[name] + message[len(name) :]
         return HTTPError(400, message, param=param)
     if isinstance(err, errors.ContextOverflowError):
-        for engine_name, name in (rename or {}).items():  # "max_new_tokens is 600" → max_tokens
-            message = re.sub(rf"\b{engine_name}\b", name, message)
+        asked = "max_new_tokens" in message  # (not when the budget was the context's room)
+        if rename and "max_new_tokens" in rename:  # "max_new_tokens is 600" → max_tokens
+            message = re.sub(r"\bmax_new_tokens\b", rename["max_new_tokens"], message)
         message = message.replace(
             "set allow_auto_truncate", "start the server with --allow-auto-truncate"
         )
-        param = (rename or {}).get("max_new_tokens")  # the prompt plus what it asks for
+        param = (rename or {}).get("max_new_tokens") if asked else None
         return HTTPError(400, message, param=param, code="context_length_exceeded")
     if isinstance(err, errors.ServiceUnavailableError):
         return HTTPError(503, message, headers=[("retry-after", "1")])

@@ -56,6 +56,7 @@ class Result:
     arrived: float = field(default_factory=time.monotonic)
     aborted: str | None = None  # why, when it was aborted before its end
     prompt: Prompt | None = None  # with prompt logprobs, when asked for
+    kept_ids: tuple[int, ...] | None = None  # the prompt the model read, when its start was cut
 
     def elapsed(self) -> float:
         return self.e2e_latency or time.monotonic() - self.arrived
@@ -135,6 +136,8 @@ async def _run_one(
                     async for delta in stream:
                         tracked.on_delta(delta)
                         result.add(delta)
+                        if result.kept_ids is None:
+                            result.kept_ids = stream.kept_ids
                         result.prompt_tokens = stream.prompt_tokens
                         result.cached_tokens = stream.cached_tokens
                         if on_delta is not None:

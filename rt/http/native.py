@@ -37,11 +37,16 @@ async def generate(front: Front, ex: Exchange, body: bytes) -> None:
             return [out]
 
         await sse.stream(
-            ex, front, jobs, events_of, lambda results: _aborted(front, req, jobs, results)
+            ex,
+            front,
+            jobs,
+            events_of,
+            lambda results: _aborted(front, req, jobs, results),
+            renames(req),
         )
         return
     async with ex.cancel_on_disconnect():
-        results = await run(front, jobs)
+        results = await run(front, jobs, rename=renames(req))
     if ex.disconnected:
         return
     outs = []
@@ -52,6 +57,16 @@ async def generate(front: Front, ex: Exchange, body: bytes) -> None:
                 out["index"] = _index(jobs, i, j)
             outs.append(out)
     await ex.json(outs if multi else outs[0])
+
+
+def renames(req: GenerateRequest) -> dict[str, str]:
+    """The engine's names for the body's fields (see ``http_error``): a sampling
+    parameter is under ``sampling_params`` (a list of them: ``in_batch`` names
+    its place)."""
+    names = {"top_logprobs": "top_logprobs_num"}
+    if not isinstance(req.sampling_params, list):
+        names |= {f: f"sampling_params.{f}" for f in SamplingParams.model_fields}
+    return names
 
 
 def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
@@ -94,7 +109,7 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
             f"with return_logprob=true, got {start}",
             param="logprob_start_len",
         )
-    base = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
+    base = req.rid if isinstance(req.rid, str) and req.rid else uuid.uuid4().hex  # "": none
     jobs = []
     for i, (prompt, params) in enumerate(zip(prompts, per_prompt, strict=True)):
         options = params.model_dump(exclude_none=True)

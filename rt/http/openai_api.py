@@ -19,6 +19,7 @@ from rt.http.engine_port import Delta
 from rt.http.front import Front
 from rt.http.generation import Job, Result, Seq, run
 from rt.http.openai_format import (
+    TextCursor,
     chat_logprobs,
     completion_logprobs,
     echo_logprobs,
@@ -78,7 +79,7 @@ async def models(front: Front, ex: Exchange, model_id: str | None = None) -> Non
 
 
 def check_model(front: Front, model: str | None) -> None:
-    if model is not None and model != served_name(front):
+    if model and model != served_name(front):  # ("" is none, as vLLM takes it)
         raise HTTPError(
             404,
             f"the model {model!r} does not exist; this server serves {served_name(front)!r} "
@@ -161,7 +162,10 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         options["logprobs"] = True
         options["top_logprobs"] = req.logprobs
         options["prompt_logprobs"] = bool(req.echo)  # echo's tokens come with theirs
-    if req.logprobs is not None or (req.echo and not all(isinstance(p, str) for p in prompts)):
+    if req.logprobs is not None or (
+        req.echo
+        and (front.settings.allow_auto_truncate or not all(isinstance(p, str) for p in prompts))
+    ):
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
     jobs = _jobs(prompts, options, req.rid or cid)
@@ -192,6 +196,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         return
     choices = []
     for i, result in enumerate(results):
+        _echo_kept(front, echoes, i, result)
         for j, seq in enumerate(result.seqs):
             choices.append(
                 {
@@ -204,9 +209,9 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                             seq.output_ids,
                             seq.logprobs,
                             seq.top_logprobs,
-                            len(echoes[i]),
+                            TextCursor(len(echoes[i])),
                             skip_special,
-                        )[0],
+                        ),
                     )
                     if req.logprobs is not None
                     else None,
@@ -215,6 +220,21 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                 }
             )
     await ex.json({**head, "choices": choices, "usage": usage(results)})
+
+
+def _message(message: Any) -> dict[str, Any]:
+    """A chat message for the engine: a field set to null is not there, but for
+    ``content`` (refused by name: rt has no tool calls to stand in for it)."""
+    out = message.model_dump(exclude_none=True)
+    if "content" not in out and "content" in message.model_fields_set:
+        out["content"] = None
+    return out
+
+
+def _echo_kept(front: Front, echoes: list[str], i: int, result: Result) -> None:
+    """Echo the prompt the model read: its end alone, when the server cut its start."""
+    if echoes[i] and result.kept_ids is not None:
+        echoes[i] = front.tokens.decode(result.kept_ids)
 
 
 def _prompts(prompt: Any) -> list[Any]:
@@ -238,7 +258,7 @@ async def _stream_completions(
     rename: dict[str, str],
     skip_special: bool,
 ) -> None:
-    offsets: dict[int, int] = {}  # where the next token's text starts, per choice
+    offsets: dict[int, TextCursor] = {}  # where the next token's text starts, per choice
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     extra = {"usage": None} if include_usage else {}
 
@@ -248,12 +268,12 @@ async def _stream_completions(
         logprobs = None
         if req.logprobs is not None and delta is not None:
             # (the next offset: text held back for a stop string is no matter)
-            logprobs, offsets[index] = completion_logprobs(
+            logprobs = completion_logprobs(
                 front,
                 delta.output_ids,
                 delta.logprobs or (),
                 delta.top_logprobs or (),
-                offsets.get(index, 0),
+                offsets.setdefault(index, TextCursor()),
                 skip_special,
             )
             if echo is not None:
@@ -270,8 +290,9 @@ async def _stream_completions(
         index = i * n + delta.index
         text, echo = delta.text, None
         if index not in offsets:
+            _echo_kept(front, echoes, i, result)
             text = echoes[i] + text
-            offsets[index] = len(echoes[i])
+            offsets[index] = TextCursor(len(echoes[i]))
             echo = result.prompt if req.echo else None
         seq = result.seqs[delta.index]
         event = {
@@ -316,7 +337,8 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     options = engine_options(front, req, max_tokens)
-    options["messages"] = [m.model_dump(exclude_none=True) for m in req.messages]
+    options.setdefault("max_new_tokens", None)  # as OpenAI: the room the prompt leaves
+    options["messages"] = [_message(m) for m in req.messages]
     if req.logprobs:
         options["logprobs"] = True
         options["top_logprobs"] = req.top_logprobs or 0

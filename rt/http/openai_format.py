@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,44 +22,75 @@ def usage(results: list[Result]) -> dict[str, Any]:
     }
 
 
+class TextCursor:
+    """Where the next token's text starts in a choice's text, in characters, and
+    the bytes of a character its tokens have begun and not finished (a token may
+    be a piece of a UTF-8 character: the character starts where its first piece
+    does, and counts once, when its last piece arrives)."""
+
+    def __init__(self, at: int = 0) -> None:
+        self.at = at
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def advance(self, data: bytes) -> None:
+        self.at += len(self._utf8.decode(data))
+
+
 def completion_logprobs(
     front: Front,
     ids: Sequence[int],
     logprobs: Sequence[float],
     tops: Sequence[TopLogprobs],
-    offset: int,
+    cursor: TextCursor,
     skip_special: bool,
-) -> tuple[dict[str, Any], int]:
-    """The legacy completions format, and where the next token's text starts;
-    ``offset``: where these tokens' text starts in the choice's text (see
-    text_offsets)."""
+) -> dict[str, Any]:
+    """The legacy completions format; ``cursor``: where these tokens' text starts in
+    the choice's text (see text_offsets), moved past them. ``top_logprobs`` holds
+    each token's own logprob and its best alternatives', as OpenAI's: with
+    ``logprobs=0``, the token's alone."""
     text = front.tokens.text
-    offsets, after = text_offsets(front, ids, offset, skip_special)
     return {
         "tokens": [text(t) for t in ids],
         "token_logprobs": list(logprobs),
-        "top_logprobs": [{text(t): lp for t, lp in top} for top in tops] if tops else None,
-        "text_offset": offsets,
-    }, after
+        "top_logprobs": _tops(front, ids, logprobs, tops),
+        "text_offset": text_offsets(front, ids, cursor, skip_special),
+    }
+
+
+def _tops(
+    front: Front, ids: Sequence[int], logprobs: Sequence[float], tops: Sequence[TopLogprobs]
+) -> list[dict[str, float]]:
+    text = front.tokens.text
+    out = []
+    for k, (tok, lp) in enumerate(zip(ids, logprobs, strict=False)):
+        entry = {text(tok): lp}
+        for alt, alt_lp in tops[k] if k < len(tops) else ():
+            entry.setdefault(text(alt), alt_lp)
+        out.append(entry)
+    return out
 
 
 def text_offsets(
-    front: Front, ids: Sequence[int], offset: int, skip_special: bool, text: str | None = None
-) -> tuple[list[int], int]:
-    """Where each token starts in the choice's text, and where the next would:
-    each token is as long as its own text, but a special token the text leaves
-    out is not there at all (an output's, with ``skip_special``; the BOS the
-    tokenizer put before an echoed ``text``, which does not hold it)."""
+    front: Front,
+    ids: Sequence[int],
+    cursor: TextCursor,
+    skip_special: bool,
+    text: str | None = None,
+) -> list[int]:
+    """Where each token starts in the choice's text (``cursor`` moved past them):
+    each token is as long as its own bytes decode to, but a special token the text
+    leaves out is not there at all (an output's, with ``skip_special``; the BOS
+    the tokenizer put before an echoed ``text``, which does not hold it)."""
     offsets = []
     for t in ids:
-        offsets.append(offset)
-        token = front.tokens.text(t)
-        if front.tokens.special(t) and (
-            skip_special if text is None else not text.startswith(token, offset)
-        ):
+        offsets.append(cursor.at)
+        if front.tokens.special(t):
+            token = front.tokens.text(t)
+            if not (skip_special if text is None else not text.startswith(token, cursor.at)):
+                cursor.advance(token.encode())
             continue
-        offset += len(token)
-    return offsets, offset
+        cursor.advance(bytes(front.tokens.bytes(t)))
+    return offsets
 
 
 def echo_logprobs(front: Front, prompt: Prompt | None, echo: str) -> dict[str, Any] | None:
@@ -67,12 +99,12 @@ def echo_logprobs(front: Front, prompt: Prompt | None, echo: str) -> dict[str, A
     if prompt is None:
         return None
     text = front.tokens.text
-    tops = prompt.top_logprobs
+    tops = _tops(front, prompt.ids[1:], prompt.logprobs, prompt.top_logprobs or ())
     return {
         "tokens": [text(t) for t in prompt.ids],
         "token_logprobs": [None, *prompt.logprobs],
-        "top_logprobs": [None, *({text(t): lp for t, lp in top} for top in tops)] if tops else None,
-        "text_offset": text_offsets(front, prompt.ids, 0, False, echo)[0],
+        "top_logprobs": [None, *tops],
+        "text_offset": text_offsets(front, prompt.ids, TextCursor(), False, echo),
     }
 
 
@@ -80,15 +112,10 @@ def with_echo(echo: dict[str, Any] | None, out: dict[str, Any]) -> dict[str, Any
     """The prompt's logprobs (``echo``, when asked) followed by the output's."""
     if echo is None:
         return out
-    tops = None
-    if echo["top_logprobs"] is not None or out["top_logprobs"] is not None:
-        tops = (echo["top_logprobs"] or [None] * len(echo["tokens"])) + (
-            out["top_logprobs"] or [None] * len(out["tokens"])
-        )
     return {
         "tokens": echo["tokens"] + out["tokens"],
         "token_logprobs": echo["token_logprobs"] + out["token_logprobs"],
-        "top_logprobs": tops,
+        "top_logprobs": echo["top_logprobs"] + out["top_logprobs"],
         "text_offset": echo["text_offset"] + out["text_offset"],
     }
 

@@ -210,7 +210,7 @@ class Connection:
                 await front.tokens.ensure()  # (loaded on first use, as /generate does)
             with front.engine.hold():  # a drain waits for its "done" frame too
                 with scope:
-                    results = await run(front, jobs, on_delta)
+                    results = await run(front, jobs, on_delta, native.renames(req))
                 if scope.cancelled_caught:
                     partial.aborted = "cancelled by the client"
                     results = [partial]

@@ -6,6 +6,7 @@ restarted and the server is healthy. On the shared default-model server."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 from collections.abc import Iterator
@@ -121,8 +122,8 @@ def test_bad_input_is_a_4xx_that_names_it(
     assert needle in error["message"], error
 
 
-# (path, a batch with one bad prompt, where the error must say it is: its param)
-IN_A_BATCH: list[tuple[str, Any, str]] = [
+# (path, a bad body, where the error must say the fault is: its param; in a batch, its prompt)
+NAMED: list[tuple[str, Any, str]] = [
     ("/generate", {"input_ids": [[1], [2], [4096]], "sampling_params": ONE}, "input_ids[2][0]"),
     ("/generate", {"text": ["ok", "\ud800"], "sampling_params": ONE}, "text[1]"),
     ("/generate", {"text": ["ok", "x" * 3000], "sampling_params": ONE}, "text[1]"),
@@ -131,20 +132,61 @@ IN_A_BATCH: list[tuple[str, Any, str]] = [
         {"text": ["a", "b"], "sampling_params": [ONE, {**ONE, "temperature": -1}]},
         "sampling_params[1].temperature",
     ),
-    ("/generate", {"text": ["a", "b"], "sampling_params": {**ONE, "top_p": 0}}, "top_p"),
+    (
+        "/generate",
+        {"text": ["a", "b"], "sampling_params": {**ONE, "top_p": 0}},
+        "sampling_params.top_p",
+    ),
     ("/v1/completions", {"prompt": [[1], [4096]], "max_tokens": 2}, "prompt[1][0]"),
     ("/v1/completions", {"prompt": ["a", "x" * 3000], "max_tokens": 2}, "prompt[1]"),
+    # one prompt: the field as the body has it, not as the engine does
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"max_new_tokens": 0}},
+        "sampling_params.max_new_tokens",
+    ),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"temperature": -1}},
+        "sampling_params.temperature",
+    ),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"stop_token_ids": [1, 99999]}},
+        "sampling_params.stop_token_ids",
+    ),
+    (
+        "/generate",
+        {"text": "x", "top_logprobs_num": -1, "return_logprob": True},
+        "top_logprobs_num",
+    ),
+    ("/generate", {"text": "x", "priority": 3}, "priority"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "logprobs": -1}, "logprobs"),
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "name"), IN_A_BATCH)
-def test_an_error_in_a_batch_names_its_prompt(
+@pytest.mark.parametrize(("path", "body", "name"), NAMED)
+def test_an_error_names_the_field_as_the_body_has_it(
     client: httpx.Client, path: str, body: Any, name: str
 ) -> None:
     response = post(client, path, body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == name and error["message"].startswith(f"{name}: "), error
+
+
+def test_an_empty_rid_is_none_given(client: httpx.Client) -> None:
+    """As the OpenAI endpoints take it: two requests with ``rid: ""`` at once
+    are two requests (the second was refused: "'' is already in flight")."""
+    body = {
+        "text": "In the",
+        "rid": "",
+        "sampling_params": {"max_new_tokens": 64, "ignore_eos": True},
+    }
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: post(client, "/generate", body), range(4)))
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    assert len({a.json()["meta_info"]["id"] for a in answers}) == 4
 
 
 # ---- the fuzzer ------------------------------------------------------------------------

@@ -258,6 +258,27 @@ async def test_disconnect_mid_stream_frees_the_kv_at_once(server: Server) -> Non
         assert 'rt_aborted_requests_total{cause="cancelled"}' in text
 
 
+def test_echo_gives_the_prompt_the_model_read_when_the_server_cut_it(server: Server) -> None:
+    """With --allow-auto-truncate, echo is the end of the prompt that was kept,
+    as vLLM's: its tokens and offsets then match its text (it was the whole
+    prompt, beside the kept tokens' logprobs and offsets)."""
+    prompt = " ".join(str(i) for i in range(400))
+    body = {"prompt": prompt, "max_tokens": 4, "echo": True, "logprobs": 0, "ignore_eos": True}
+    url = f"{server.url}/v1/completions"
+    answer = httpx.post(url, json=body, headers=AUTH, timeout=30).json()
+    with httpx.stream("POST", url, json={**body, "stream": True}, headers=AUTH) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    streamed = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+    text, used = answer["choices"][0]["text"], answer["usage"]["prompt_tokens"]
+    kept = text[: text.rindex("399") + 3]
+    assert prompt.endswith(kept) and 100 < len(kept) < len(prompt)
+    assert streamed.startswith(kept) and not streamed.startswith(prompt[:10])
+    logprobs = answer["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == used + 4
+    assert "".join(logprobs["tokens"][:used]) == kept
+    assert logprobs["text_offset"][used] == len(kept)
+
+
 PREFLIGHT = {
     "Access-Control-Request-Method": "POST",
     "Access-Control-Request-Headers": "authorization, content-type",

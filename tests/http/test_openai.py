@@ -195,7 +195,8 @@ def test_completion_echo_with_logprobs_covers_the_prompt(client: openai.OpenAI) 
     assert values[0] is None and all(v <= 0 for v in values[1:])
     assert values[prompt_len:] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-4)
     tops = logprobs.top_logprobs or []
-    assert tops[0] is None and all(len(t) == 2 for t in tops[1:])
+    assert tops[0] is None and all(2 <= len(t) <= 3 for t in tops[1:])  # its own, and the best 2
+    assert all(tops[k][tokens[k]] == pytest.approx(values[k]) for k in range(1, len(tokens)))
     assert out.choices[0].text == "In the beginning" + plain.choices[0].text
     chunks = list(
         client.completions.create(**kwargs, temperature=0.0, logprobs=2, echo=True, stream=True)  # type: ignore[call-overload]
@@ -234,3 +235,42 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
         )
     with pytest.raises(openai.BadRequestError, match="unknown field"):
         client.completions.create(model=model, prompt="x", extra_body={"temprature": 0.5})
+
+
+def test_chat_without_max_tokens_may_fill_the_context(client: openai.OpenAI) -> None:
+    """As OpenAI's, vLLM's and SGLang's: no max_tokens is the room the prompt
+    leaves in the context, not the engine's default of 128 (which also refused
+    a prompt that fit, naming max_tokens, a field the client never sent)."""
+    model = model_id(client)
+    long = [{"role": "user", "content": " the" * 470}]
+    prompt = client.chat.completions.create(model=model, messages=long, max_tokens=1)
+    assert prompt.usage is not None and 400 < prompt.usage.prompt_tokens < 512 - 16
+    room = 512 - prompt.usage.prompt_tokens
+    out = client.chat.completions.create(
+        model=model, messages=long, extra_body={"ignore_eos": True}
+    )
+    assert out.usage is not None and out.usage.completion_tokens == room
+    assert out.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="no room for an answer") as err:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": " the" * 600}]
+        )
+    assert err.value.param is None and err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError, match="max_completion_tokens is 100"):
+        client.chat.completions.create(model=model, messages=long, max_completion_tokens=100)
+
+
+def test_small_conventions_of_openai_clients(client: openai.OpenAI) -> None:
+    model = model_id(client)
+    for name in ("", model):  # an empty model is none given, as vLLM takes it
+        out = client.completions.create(model=name, prompt="In the", max_tokens=2)
+        assert out.choices[0].text
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content: expected a string"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": None}])  # type: ignore[list-item]
+    # the default policy (fcfs) has no priorities: one is refused, not silently ignored
+    with pytest.raises(
+        openai.BadRequestError, match="priority: the schedule policy is 'fcfs'"
+    ) as err:
+        client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"priority": 5})
+    assert err.value.param == "priority"
+    client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"priority": 0})

@@ -130,3 +130,57 @@ def test_chat_text_parts_are_the_messages_text(http: httpx.Client) -> None:
     )
     assert refused.status_code == 400
     assert "messages[0].content[0]: expected a text part" in refused.json()["error"]["message"]
+
+
+def test_top_logprobs_hold_each_tokens_own_logprob_as_openai_promises(
+    http: httpx.Client,
+) -> None:
+    """OpenAI: "the API will always return the logprob of the sampled token, so
+    there may be up to logprobs+1 elements"; with ``logprobs=0``, that one alone."""
+    base = {"prompt": PROMPT, "max_tokens": 12, "temperature": 1.5, "seed": 3}
+    sizes = {}
+    for n in (0, 1):
+        logprobs = http.post("/v1/completions", json={**base, "logprobs": n}).json()["choices"][0][
+            "logprobs"
+        ]
+        for token, value, top in zip(
+            logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
+        ):
+            assert top[token] == pytest.approx(value)
+        sizes[n] = [len(top) for top in logprobs["top_logprobs"]]
+    assert set(sizes[0]) == {1}
+    # drawn at temperature 1.5, some token is not the model's best: then its best is there too
+    assert set(sizes[1]) == {1, 2}
+    echoed = http.post(
+        "/v1/completions", json={**base, "max_tokens": 1, "logprobs": 0, "echo": True}
+    ).json()["choices"][0]["logprobs"]
+    assert echoed["top_logprobs"][0] is None
+    for token, value, top in zip(
+        echoed["tokens"][1:], echoed["token_logprobs"][1:], echoed["top_logprobs"][1:], strict=True
+    ):
+        assert top == {token: pytest.approx(value)}
+
+
+def test_offsets_place_the_pieces_of_a_character_where_the_character_starts(
+    http: httpx.Client,
+) -> None:
+    """A byte-level vocabulary splits "😀" into byte tokens, each of which reads
+    as U+FFFD alone: each starts where the character does, and the character
+    counts once (each piece used to count as a character of its own)."""
+    prompt = "a😀b dear"
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 0, "echo": True}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    text, logprobs = choice["text"], choice["logprobs"]
+    assert text.startswith(prompt)
+    tokens, offsets = logprobs["tokens"], logprobs["text_offset"]
+    pieces = [at for token, at in zip(tokens, offsets, strict=True) if "\ufffd" in token]
+    assert len(pieces) >= 2 and set(pieces) == {text.index("😀")}
+    assert offsets[tokens.index("b", 1)] == text.index("b")
+    whole = [k for k, token in enumerate(tokens) if "\ufffd" not in token]
+    assert_offsets_place_tokens(
+        text,
+        {"tokens": [tokens[k] for k in whole], "text_offset": [offsets[k] for k in whole]},
+        {"<|bos|>"},
+    )
+    chunks = [e["choices"][0] for e in streamed(http, "/v1/completions", body) if e["choices"]]
+    assert [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]] == offsets
