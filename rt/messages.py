@@ -82,6 +82,9 @@ class Scheduled(Message, frozen=True):
     # the frontend's resumption of this request alone (after a gap in its output): a
     # scheduler holding an older attempt of the rid replaces it with this one
     attempt: int = 0
+    # max_new_tokens is the context's room (GenerateRequest.to_context): the core cuts
+    # it to the KV pool's where that is smaller, instead of refusing the request
+    to_context: bool = False
 
 
 class Tokenized(Message, frozen=True):

@@ -115,7 +115,29 @@ class IncrementalDetokenizer:
         return self._states[rid].n_output
 
     def step(self, updates: Sequence[TokenUpdate]) -> list[TextDelta]:
-        """Apply one frame of updates; return a delta per request that changed."""
+        """Apply one frame of updates; return a delta per request that changed (two
+        for an update whose tokens straddle its ``min_new_tokens``: the text before
+        is never matched against stop strings, and the text after is, also when
+        the update is a rebuild's whole output at once)."""
+        first: list[TokenUpdate] = []
+        rest: list[TokenUpdate] = []
+        split: set[str] = set()
+        for update in updates:
+            state = self._states.get(update.rid)
+            # the first token whose text stop strings may match: the min_new_tokens-th
+            armed = state.params.min_new_tokens - 1 if state is not None else 0
+            cut = armed - update.token_offset
+            if update.rid in split:  # (after its own first part)
+                rest.append(update)
+            elif 0 < cut < len(update.ids):
+                split.add(update.rid)
+                first.append(TokenUpdate(update.rid, update.token_offset, update.ids[:cut]))
+                rest.append(TokenUpdate(update.rid, armed, update.ids[cut:], update.finished))
+            else:
+                first.append(update)
+        return self._step(first) + (self._step(rest) if rest else [])
+
+    def _step(self, updates: Sequence[TokenUpdate]) -> list[TextDelta]:
         touched: list[tuple[TokenUpdate, DecodeState, tuple[int, ...], int]] = []
         for update in updates:
             state = self._states.get(update.rid)

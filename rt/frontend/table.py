@@ -160,7 +160,7 @@ class RequestTable:
         record.input_ids, record.truncated = msg.input_ids, msg.truncated
         if msg.max_new_tokens:  # the budget the tokenizer set: a resubmission keeps it
             sampling = replace(record.req.sampling, max_new_tokens=msg.max_new_tokens)
-            record.req = msgspec.structs.replace(record.req, sampling=sampling, to_context=False)
+            record.req = msgspec.structs.replace(record.req, sampling=sampling)
         record.prompt_tokens = len(msg.input_ids)
         return record
 
@@ -243,6 +243,7 @@ class RequestTable:
             prior,
             done,
             attempt=record.attempt,
+            to_context=record.req.to_context,
         )
 
     def new_epoch(self, epoch: int) -> None:

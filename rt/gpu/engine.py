@@ -14,7 +14,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -93,6 +93,7 @@ class EngineCore:
         finished: Collection[int] = (),
         priority: int = 0,
         attempt: int = 0,
+        to_context: bool = False,
     ) -> None:
         """Queue a request; thread-safe, the next step sees it.
 
@@ -111,6 +112,9 @@ class EngineCore:
 
         With the ``priority`` policy a higher ``priority`` is admitted first.
         ``attempt`` is only carried: every output of the request reports it.
+        ``to_context``: ``max_new_tokens`` is the room the prompt leaves in the
+        context (a chat's default), cut here to the room it leaves in the KV pool
+        where that is smaller (the same cut for a resubmission).
         Raises InvalidRequestError for bad ids or parameters and
         ContextOverflowError when the request could never fit the context or
         the KV pool.
@@ -125,6 +129,15 @@ class EngineCore:
             raise InvalidRequestError("input_ids: expected at least one token id, got none")
         params.validate(vocab)
         _check_ids("input_ids", input_ids, vocab)
+        room = self.max_total_tokens - len(input_ids)
+        if to_context and params.max_new_tokens > room:
+            if room < max(params.min_new_tokens, 1):
+                raise ContextOverflowError(
+                    f"the prompt has {len(input_ids)} tokens, which leave room for "
+                    f"{max(room, 0)} new tokens in the KV pool ({self.max_total_tokens} tokens)"
+                    + (f", fewer than min_new_tokens ({params.min_new_tokens})" if room > 0 else "")
+                )
+            params = replace(params, max_new_tokens=room)
         priors = _priors(params, output_ids, finished, vocab)
         total = len(input_ids) + params.max_new_tokens
         if total > self.context_length:

@@ -87,9 +87,23 @@ class App:
                 await send({"type": "websocket.close", "code": 1008, "reason": "no such endpoint"})
                 return
             refusal = None if self._authorized(scope) else key_error()
-            await ws.websocket(self.front, scope, receive, send, refusal)
+            await ws.websocket(self.front, scope, receive, send, refusal or self._origin(scope))
         elif kind == "lifespan":
             await _lifespan(receive, send)
+
+    def _origin(self, scope: Scope) -> HTTPError | None:
+        """A browser page's WebSocket from an origin not in --allowed-origins: 403.
+        (CORS does not cover WebSockets: a browser opens one from any page, and
+        says from where in ``Origin``; clients that are not browsers send none.)"""
+        allowed = self.front.settings.allowed_origins
+        origin = next((v for k, v in scope["headers"] if k == b"origin"), None)
+        if origin is None or "*" in allowed or origin.decode("latin-1") in allowed:
+            return None
+        return HTTPError(
+            403,
+            f"a page from {origin.decode('latin-1')!r} may not open this WebSocket: "
+            "the origin is not among the server's --allowed-origins",
+        )
 
     async def _http(self, ex: Exchange) -> None:
         try:

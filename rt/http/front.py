@@ -211,13 +211,16 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
             message = rename[name] + message[len(name) :]
         return HTTPError(400, message, param=param)
     if isinstance(err, errors.ContextOverflowError):
-        asked = "max_new_tokens" in message  # (not when the budget was the context's room)
-        if rename and "max_new_tokens" in rename:  # "max_new_tokens is 600" → max_tokens
-            message = re.sub(r"\bmax_new_tokens\b", rename["max_new_tokens"], message)
+        # the field the message names, if any ("max_new_tokens is 600" → max_tokens): not
+        # max_new_tokens when the budget was the context's room (the body gave none)
+        asked = next((n for n in ("min_new_tokens", "max_new_tokens") if n in message), None)
+        for name in ("max_new_tokens", "min_new_tokens"):
+            if rename and name in rename:
+                message = re.sub(rf"\b{name}\b", rename[name], message)
         message = message.replace(
             "set allow_auto_truncate", "start the server with --allow-auto-truncate"
         )
-        param = (rename or {}).get("max_new_tokens") if asked else None
+        param = (rename or {}).get(asked) if asked else None
         return HTTPError(400, message, param=param, code="context_length_exceeded")
     if isinstance(err, errors.ServiceUnavailableError):
         return HTTPError(503, message, headers=[("retry-after", "1")])

@@ -122,9 +122,10 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
                 options["logprob_start_len"] = start  # past the prompt: refused once tokenized
         if req.priority is not None:
             options["priority"] = req.priority
-        rid = rids[i] if rids is not None else (base if not batch else f"{base}-{i}")
+        own = rids[i] if rids is not None else None  # ("": none, as a single rid)
+        rid = own or (base if not batch else f"{base}-{i}")
         options["rid"] = rid
-        of = base if batch and rids is None else None
+        of = base if batch and not own else None
         where = f"{'text' if req.text is not None else 'input_ids'}[{i}]" if batch else None
         params_where = f"sampling_params[{i}]" if isinstance(sampling, list) else None
         if isinstance(prompt, list):

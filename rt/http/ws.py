@@ -269,7 +269,8 @@ def _error_frame(cid: Any, err: HTTPError) -> dict[str, Any]:
 async def websocket(
     front: Front, scope: Any, receive: Receive, send: Send, refusal: HTTPError | None
 ) -> None:
-    """Serve one connection; ``refusal`` (a missing API key) answers the handshake."""
+    """Serve one connection; ``refusal`` (a missing API key, an origin not allowed)
+    answers the handshake."""
     message = await receive()
     if message["type"] != "websocket.connect":
         return

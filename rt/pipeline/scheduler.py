@@ -355,6 +355,7 @@ class SchedulerActor(Actor):
                 finished=msg.finished,
                 priority=msg.priority,
                 attempt=msg.attempt,
+                to_context=msg.to_context,
             )
         except RequestError as err:
             self.refused.append(refuse(msg.rid, err))

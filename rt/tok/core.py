@@ -183,9 +183,17 @@ class TokenizerCore:
                 f"input_ids: expected token ids in [0, {self.vocab_size}), got {bad!r}"
             )
         sampling = req.sampling
-        if req.to_context:  # max_new_tokens: the room the prompt leaves (at least one)
-            room = max(self.context_length - len(ids), 1)
-            sampling = dataclasses.replace(sampling, max_new_tokens=room)
+        if req.to_context:  # max_new_tokens: the room the prompt leaves
+            room = self.context_length - len(ids)
+            if room < 1 and req.allow_auto_truncate:  # the prompt is cut: room for the default
+                room = min(SamplingParams.max_new_tokens, self.context_length - 1)
+            sampling = dataclasses.replace(sampling, max_new_tokens=max(room, 1))
+            if room >= 1 and sampling.min_new_tokens > room:
+                raise ContextOverflowError(
+                    f"the prompt has {len(ids)} tokens, which leave room for {room} new tokens "
+                    f"in the context length {self.context_length}, fewer than min_new_tokens "
+                    f"({sampling.min_new_tokens}) asks for"
+                )
         sampling.validate(self.vocab_size)
         budget = self.context_length - sampling.max_new_tokens
         truncated = 0
@@ -201,7 +209,9 @@ class TokenizerCore:
                 f"tokens, got {start}"
             )
         arr = np.asarray(ids, dtype=np.int64)
-        return Scheduled(req.rid, arr, sampling, req.priority), Tokenized(
+        return Scheduled(
+            req.rid, arr, sampling, req.priority, to_context=req.to_context
+        ), Tokenized(
             req.rid,
             arr,
             truncated + req.truncated,

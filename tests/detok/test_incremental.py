@@ -82,20 +82,30 @@ def test_nothing_at_or_after_a_stop_string_is_emitted(tokenizer, stop: str) -> N
     assert detok.step([TokenUpdate("r", pos + 1, ids[pos + 1 :])]) == []
 
 
-def test_stop_strings_count_from_min_new_tokens_on(tokenizer) -> None:
+@pytest.mark.parametrize("how", ["token by token", "in one update", "rebuilt"])
+def test_stop_strings_count_from_min_new_tokens_on(tokenizer, how: str) -> None:
     """As vLLM's ``min_tokens``: a stop string in the text of the first
-    ``min_new_tokens`` - 1 tokens is emitted as text; one after ends it."""
+    ``min_new_tokens`` - 1 tokens is emitted as text; one after ends it. Also
+    when one update carries tokens from both sides, as a restarted detokenizer's
+    rebuild of a request from all its tokens at once (which used to match the
+    early stop string, and end the request there)."""
     text = "the cat and the dog and the end"
     ids = tokenizer.encode(text)
-    first_after = len(tokenizer.encode("the cat and the dog"))  # tokens up to the 2nd " and"
+    head = "the cat and the dog"
+    first_after = len(tokenizer.encode(head))  # tokens up to the 2nd " and"
+    params = DetokParams(stop=(" and",), min_new_tokens=first_after)
     detok = IncrementalDetokenizer(tokenizer)
-    detok.open("r", [], DetokParams(stop=(" and",), min_new_tokens=first_after))
-    deltas = []
-    for pos in range(len(ids)):
-        deltas += detok.step([TokenUpdate("r", pos, ids[pos : pos + 1])])
-        if deltas and deltas[-1].finished:
-            break
-    assert "".join(d.text for d in deltas) == "the cat and the dog"
+    detok.open("r", [], params, prior_ids=ids[:first_after] if how == "rebuilt" else ())
+    if how == "in one update":
+        deltas = detok.step([TokenUpdate("r", 0, ids)])
+    else:
+        deltas = []
+        for pos in range(first_after if how == "rebuilt" else 0, len(ids)):
+            deltas += detok.step([TokenUpdate("r", pos, ids[pos : pos + 1])])
+            if deltas and deltas[-1].finished:
+                break
+    emitted = head if how == "rebuilt" else ""  # a rebuild counts its prior text as emitted
+    assert emitted + "".join(d.text for d in deltas) == head
     assert deltas[-1].stop_matched == " and" and deltas[-1].finished
 
 

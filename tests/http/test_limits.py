@@ -77,21 +77,29 @@ def test_api_key_on_every_endpoint_but_health(server: Server) -> None:
         assert client.post("/v1/completions", json=body, headers=AUTH).status_code == 200
 
 
-async def test_api_key_on_the_websocket(server: Server) -> None:
-    url = f"ws://127.0.0.1:{server.port}/ws"
-    # By hand: trio-websocket's ConnectionRejected path leaves its socket open (a ResourceWarning).
-    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+async def refused_handshake(port: int, headers: bytes) -> tuple[bytes, bytes]:
+    """A /ws handshake the server refuses: its answer's head and body. By hand:
+    trio-websocket's ConnectionRejected path leaves its socket open (a ResourceWarning)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         await stream.send_all(
             b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            + headers
+            + b"\r\n"
         )
         answer = b""
         with trio.fail_after(10):
             while chunk := await stream.receive_some(4096):  # to EOF
                 answer += chunk
     head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 401"), answer  # it was a bare 403
+    return head, body
+
+
+async def test_api_key_on_the_websocket(server: Server) -> None:
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    head, body = await refused_handshake(server.port, b"")
+    assert head.startswith(b"HTTP/1.1 401"), head  # it was a bare 403
     assert b"www-authenticate: bearer" in head.lower()
     assert json.loads(body)["error"]["code"] == "invalid_api_key"
     async with open_websocket_url(url, extra_headers=[("Authorization", f"Bearer {KEY}")]) as ws:
@@ -258,6 +266,17 @@ async def test_disconnect_mid_stream_frees_the_kv_at_once(server: Server) -> Non
         assert 'rt_aborted_requests_total{cause="cancelled"}' in text
 
 
+def test_a_chat_cut_to_the_context_gets_the_default_room_to_answer(server: Server) -> None:
+    """No max_tokens is the room the prompt leaves; when the server must cut the
+    prompt, the engine's default of 128 (it was 1 token, the room a whole-context
+    prompt leaves)."""
+    body = {"messages": [{"role": "user", "content": "word " * 600}], "ignore_eos": True, "n": 2}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 2 * 128
+    assert answer.json()["usage"]["prompt_tokens"] == 512 - 128
+
+
 def test_echo_gives_the_prompt_the_model_read_when_the_server_cut_it(server: Server) -> None:
     """With --allow-auto-truncate, echo is the end of the prompt that was kept,
     as vLLM's: its tokens and offsets then match its text (it was the whole
@@ -314,3 +333,24 @@ def test_any_origin_by_default_as_vllm_and_sglang(default_server: Server) -> Non
     assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "*"
     plain = httpx.post(url, json=body, timeout=30)  # no Origin: no CORS headers
     assert "access-control-allow-origin" not in plain.headers
+
+
+async def test_a_page_from_another_origin_may_not_open_the_websocket(server: Server) -> None:
+    """CORS does not cover WebSockets (a browser opens one from any page): the
+    handshake's Origin is checked against --allowed-origins."""
+    key = f"Authorization: Bearer {KEY}\r\n".encode()
+    head, body = await refused_handshake(server.port, key + b"Origin: https://evil.example\r\n")
+    assert head.startswith(b"HTTP/1.1 403"), head
+    assert "--allowed-origins" in json.loads(body)["error"]["message"]
+    url = f"ws://127.0.0.1:{server.port}/ws"
+    for origin in ([("Origin", "https://ui.example")], []):  # the page allowed; no browser
+        async with open_websocket_url(url, extra_headers=[*origin, *AUTH.items()]) as ws:
+            body = {
+                "id": 1,
+                "type": "generate",
+                "text": "x",
+                "sampling_params": {"max_new_tokens": 1},
+            }
+            await ws.send_message(json.dumps(body))
+            while json.loads(await ws.get_message())["type"] != "done":
+                pass

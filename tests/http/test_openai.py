@@ -258,6 +258,11 @@ def test_chat_without_max_tokens_may_fill_the_context(client: openai.OpenAI) -> 
     assert err.value.param is None and err.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError, match="max_completion_tokens is 100"):
         client.chat.completions.create(model=model, messages=long, max_completion_tokens=100)
+    with pytest.raises(
+        openai.BadRequestError, match=rf"room for {room} new .* min_tokens \(100\)"
+    ) as err:
+        client.chat.completions.create(model=model, messages=long, extra_body={"min_tokens": 100})
+    assert err.value.param == "min_tokens"
 
 
 def test_small_conventions_of_openai_clients(client: openai.OpenAI) -> None:

@@ -505,6 +505,16 @@ async def test_max_new_tokens_none_fills_the_context_across_a_scheduler_kill(tin
         status = {a.name: a for a in engine.actors()}
         assert status["scheduler"].restart_count == 1
         assert got == want == [out.text]
+    # a KV pool smaller than the context: the room is the pool's, cut by the scheduler
+    # (it was refused), and the same cut again for the one that resumes it
+    async with rt.open_engine(str(tiny_model), **{**OPTIONS, "max_total_tokens": 256}) as engine:
+        out = await engine.generate(*reqs[0][:1], **reqs[0][1])
+        assert out.meta.prompt_tokens + out.meta.completion_tokens == 256
+        chunks = 0
+        got = await streams(engine, reqs, kill_once)
+        assert chunks >= 40 and got == [out.text]
+        with pytest.raises(rt.errors.ContextOverflowError, match="room for 0 new tokens"):
+            await engine.generate([7] * 300, max_new_tokens=None)
         with pytest.raises(InvalidRequestError, match="priority: the schedule policy is 'fcfs'"):
             await engine.generate("hi", priority=2)
         with pytest.raises(rt.errors.ContextOverflowError, match="no room for an answer"):
