@@ -13,9 +13,12 @@ never with a connection that just drops.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import trio
@@ -29,9 +32,65 @@ FAREWELL_S = 2.0  # how long callers get to write the refusal of what was cut of
 POLL_S = 0.05
 
 
+class _Hub:
+    """One signal receiver for every engine of a trio run, from the first engine's
+    opening to the last one's closing, handing each signal to every engine open.
+    (A receiver each: trio puts back the handlers a receiver replaced when it
+    closes, so two engines closed in the order they opened left the second
+    one deaf, Ctrl-C a KeyboardInterrupt in its body, and a stale handler
+    behind that swallowed the next signal.)"""
+
+    def __init__(self) -> None:
+        self.engines: set[trio.MemorySendChannel[int]] = set()
+        self.running = False
+        self.left = trio.Event()  # an engine left: maybe the last
+
+    @contextmanager
+    def subscribed(self) -> Iterator[trio.MemoryReceiveChannel[int]]:
+        send, receive = trio.open_memory_channel[int](math.inf)
+        self.engines.add(send)
+        if not self.running:
+            self.running = True
+            trio.lowlevel.spawn_system_task(self._receive)
+        try:
+            yield receive
+        finally:
+            self.engines.discard(send)
+            self.left.set()
+
+    async def _receive(self) -> None:
+        while self.engines:
+            with trio.open_signal_receiver(*SIGNALS) as signals:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._until_none_left, nursery.cancel_scope)
+                    async for signum in signals:
+                        for send in list(self.engines):
+                            with contextlib.suppress(trio.BrokenResourceError):
+                                send.send_nowait(signum)
+        self.running = False  # (no checkpoint since the last one left)
+
+    async def _until_none_left(self, scope: trio.CancelScope) -> None:
+        while self.engines:
+            await self.left.wait()
+            self.left = trio.Event()
+        scope.cancel()
+
+
+_HUB = trio.lowlevel.RunVar[_Hub]("rt_signal_hub")
+
+
+def _signals() -> contextlib.AbstractContextManager[trio.MemoryReceiveChannel[int]]:
+    try:
+        hub = _HUB.get()
+    except LookupError:
+        hub = _Hub()
+        _HUB.set(hub)
+    return hub.subscribed()
+
+
 async def stop_on_signal(engine: Engine, cancel_scope: trio.CancelScope) -> None:
     """The first signal drains ``engine``, then cancels ``cancel_scope``."""
-    with trio.open_signal_receiver(*SIGNALS) as signals:
+    with _signals() as signals:
         name = signal.Signals(await signals.__anext__()).name
         engine.stopped_by = name
         engine.refusing = True  # those given up on meanwhile are still aborted

@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import msgspec
 import trio
@@ -45,6 +45,7 @@ from rt.actors import ActorState, ActorStatus, Supervisor, open_supervisor
 from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
 from rt.frontend.drain import stop_on_signal
+from rt.frontend.plumbing import RETRY_S, Latest, Out
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
@@ -69,49 +70,6 @@ from rt.outputs import GenerateOutput
 from rt.shm import RingReceiver, RingSender, codec
 
 log = logging.getLogger(__name__)
-RETRY_S = 0.02  # how often a frontend end retries a ring whose peer is restarting
-T = TypeVar("T")
-
-
-class Latest(Generic[T]):
-    """The latest value of something reported now and then; wait for one you like."""
-
-    def __init__(self) -> None:
-        self.value: T | None = None
-        self._changed = trio.Event()
-
-    def set(self, value: T) -> None:
-        self.value = value
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait(self, until: Callable[[T], bool]) -> T:
-        while self.value is None or not until(self.value):
-            await self._changed.wait()
-        return self.value
-
-    def poke(self) -> None:
-        """Wake the waiters to look again (something ``until`` reads changed)."""
-        self._changed.set()
-        self._changed = trio.Event()
-
-
-class _Out:
-    """The frontend's end of one ring, with the lock every sender takes."""
-
-    def __init__(self, tx: RingSender) -> None:
-        self.tx = tx
-        self.lock = trio.Lock()
-
-    async def send(self, msg: Any) -> None:
-        data = codec.dumps(msg)
-        async with self.lock:
-            while True:
-                try:
-                    await self.tx.send(data)
-                    return
-                except errors.Broken:  # the reader died with the ring full: wait for its successor
-                    await trio.sleep(RETRY_S)
 
 
 class Engine:
@@ -124,8 +82,8 @@ class Engine:
         self._sup = supervisor
         workers = options.tokenizer_workers
 
-        def out(name: str) -> _Out:
-            return _Out(RingSender.attach(supervisor.ring(name).spec))
+        def out(name: str) -> Out:
+            return Out(RingSender.attach(supervisor.ring(name).spec))
 
         def in_(name: str) -> RingReceiver:
             return RingReceiver.attach(supervisor.ring(name).spec)
@@ -135,9 +93,7 @@ class Engine:
         self._to_sched = out("front-sched")
         self._to_detok = out("front-detok")
         self._from_detok = in_("detok-front")
-        self._control_send, self._control_recv = trio.open_memory_channel[tuple[_Out, Any]](
-            math.inf
-        )
+        self._control_send, self._control_recv = trio.open_memory_channel[tuple[Out, Any]](math.inf)
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
         self._round_robin = itertools.count()
         self._closing = False  # the rings are closing: nothing more is sent
@@ -152,6 +108,7 @@ class Engine:
         self._paused = False  # generation paused by the operator: told to every scheduler
         self._tok_queues = TokenizerQueues(workers)  # who waits for ids behind whom
         self.stopped_by: str | None = None  # the signal that stopped the engine, if one did
+        self._token = trio.lowlevel.current_trio_token()  # the trio run it lives in
 
     # ---- the public API -------------------------------------------------------
 
@@ -174,8 +131,11 @@ class Engine:
 
     def stream(self, prompt: Any = None, **options: Any) -> Stream:
         """``async for chunk in engine.stream(...)``: the text and ids of each sequence
-        as they come (deltas). Leaving the loop early, or cancelling the task that
-        iterates, aborts the request."""
+        as they come (deltas). Cancelling the task that iterates aborts the request,
+        and so does leaving the loop early, once the stream is closed: at once when
+        the loop held the only reference; a stream kept in a variable, by ``async
+        with engine.stream(...) as stream:`` or ``await stream.aclose()`` (else
+        when it is collected, and a drain waits for it until then)."""
         return Stream(self, *self._build(prompt, options))
 
     def actors(self) -> tuple[ActorStatus, ...]:
@@ -227,7 +187,10 @@ class Engine:
     async def _control(self, op: str) -> bool:
         """Send ``op`` to the scheduler and return its answer once it applied it;
         sent again to a successor when the scheduler restarts first."""
+        self._check_run()
         while True:
+            if self._closing:
+                raise errors.EngineShutdownError("the engine is shut down")
             seq, epoch = next(self._control_seq), self._epoch
             self._queue(self._to_sched, Control(op, seq))
             stats = await self._stats.wait(functools.partial(self._answered, seq, epoch))
@@ -240,8 +203,18 @@ class Engine:
 
     # ---- requests in and out ----------------------------------------------------
 
+    def _check_run(self) -> None:
+        """Refuse a caller in another trio run (a thread's own ``trio.run``): its
+        tasks cannot be woken from this one (it killed the engine's run)."""
+        if trio.lowlevel.current_trio_token() is not self._token:
+            raise RuntimeError(
+                "this engine lives in another trio run: call it from that run (from a "
+                "thread, through trio.from_thread.run)"
+            )
+
     def _build(self, prompt: Any, options: dict[str, Any]) -> tuple[GenerateRequest, str]:
         """The request with a ring rid of its own, and the caller's rid."""
+        self._check_run()
         limits = self.vocab_size, self.context_length, self.options.schedule_policy
         req = build_request(prompt, options, *limits)
         return msgspec.structs.replace(req, rid=uuid.uuid4().hex), req.rid
@@ -402,7 +375,7 @@ class Engine:
             yield msg
             rx.commit()
 
-    def _queue(self, out: _Out, msg: Any) -> None:
+    def _queue(self, out: Out, msg: Any) -> None:
         self._control_send.send_nowait((out, msg))
 
     async def send_control(self) -> None:
@@ -531,6 +504,8 @@ class Engine:
 
     def close(self) -> None:
         self._closing = True
+        self._stats.close()  # (a control or a stats waiter: EngineShutdownError)
+        self._detok_stats.close()
         for rid, waiter in list(self._waiters.items()):
             record = self.table.records.get(rid)
             if record is not None and not record.finished:

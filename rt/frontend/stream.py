@@ -1,8 +1,8 @@
 """A request's stream: its chunks as they come, read from the frontend's table.
 
 A reader that fell behind gets what is waiting for one sequence as one chunk;
-leaving the loop early, or cancelling the task that iterates, aborts the
-request (:meth:`Engine._leave`)."""
+closing the stream early (``async with``, ``aclose()``, or dropping it), or
+cancelling the task that iterates, aborts the request (:meth:`Engine._leave`)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ if TYPE_CHECKING:
 
 
 class Stream:
-    """The chunks of one request, as an async iterator (a class, not an async
-    generator: leaving it early then needs no ``aclosing``, and the abort it
-    triggers is synchronous)."""
+    """The chunks of one request, as an async iterator, and an async context
+    manager that closes it (a class, not an async generator: the abort that
+    closing triggers is synchronous, and a stream dropped unfinished is aborted
+    when it is collected: at once for ``async for c in engine.stream(...)``)."""
 
     def __init__(self, engine: Engine, req: GenerateRequest, user_rid: str) -> None:
+        self._token = trio.lowlevel.current_trio_token()  # first: __del__ needs it
         self._engine = engine
         self._req = req
         self.rid = user_rid
@@ -38,7 +40,6 @@ class Stream:
         self.input_ids: np.ndarray | None = None  # the prompt's, as the model reads them
         self._prompt_logprobs_sent = False
         self._next: Update | Refused | None = None  # received while coalescing, not yet given
-        self._token = trio.lowlevel.current_trio_token()
         self._reading = False  # a task is in __anext__ (one at a time, as trio's channels)
         # the engine is held from submission until the stream is closed (its end read,
         # left, or collected): a drain then waits for a reader still handling the
@@ -47,6 +48,12 @@ class Stream:
 
     def __aiter__(self) -> Stream:
         return self
+
+    async def __aenter__(self) -> Stream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def __anext__(self) -> Chunk:
         if self._done:
@@ -168,7 +175,7 @@ class Stream:
         # The collector may run this in any thread, or inside trio's own work: the
         # abort is handed to the engine's trio thread (closing here, from a worker
         # thread, once left the engine's control sender asleep for good).
-        if not self._done:
+        if not getattr(self, "_done", True):  # (not when __init__ failed)
             with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self.close)
 

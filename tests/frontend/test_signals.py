@@ -249,3 +249,59 @@ def test_a_drain_waits_for_answers_still_being_written(script: str) -> None:
     ``engine.stream()`` until it is closed) is waited for."""
     out = signal_at_ready(script).out
     assert out.splitlines() == ["ANSWERED 4", "STOPPED BY SIGTERM"], out
+
+
+TWO_ENGINES = r"""
+import signal, sys, trio, rt
+
+async def main():
+    a_closed, b_open = trio.Event(), trio.Event()
+
+    async def run_a():
+        async with rt.open_engine(load_format="null", torch_threads=1) as a:
+            await b_open.wait()
+        a_closed.set()
+
+    async def run_b():
+        await a_open.wait()
+        async with rt.open_engine(load_format="null", torch_threads=1) as b:
+            b_open.set()
+            await a_closed.wait()  # closed in the order they opened: A first
+            if sys.argv[1] == "while-b-open":
+                signal.raise_signal(signal.SIGINT)
+                await trio.sleep(30)
+        print("B STOPPED BY", b.stopped_by, flush=True)
+
+    a_open = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_a)
+        a_open.set()
+        nursery.start_soon(run_b)
+    if sys.argv[1] == "after-both":
+        signal.raise_signal(signal.SIGINT)
+        await trio.sleep(30)
+        print("NOTHING HAPPENED", flush=True)
+
+try:
+    trio.run(main)
+except KeyboardInterrupt:
+    print("KEYBOARD INTERRUPT", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("when", "says"),
+    [("while-b-open", "B STOPPED BY SIGINT"), ("after-both", "KEYBOARD INTERRUPT")],
+)
+def test_ctrl_c_beside_two_engines_closed_in_the_order_they_opened(when: str, says: str) -> None:
+    """Each engine had a signal receiver of its own, and trio puts back the
+    handlers a receiver replaced when it closes: closed A-then-B, B was left
+    deaf (Ctrl-C raised KeyboardInterrupt in its body) and a stale handler
+    behind swallowed the next Ctrl-C (the run then ended in TrioInternalError)."""
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_ENGINES, when], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert says in done.stdout, (done.stdout, done.stderr[-2000:])
+    assert "NOTHING HAPPENED" not in done.stdout

@@ -127,3 +127,63 @@ async def test_a_stream_read_to_its_last_chunk_frees_its_rid(tiny_model) -> None
         with pytest.raises(StopAsyncIteration):
             await stream.__anext__()
         await stream.aclose()
+
+
+async def test_a_stream_as_a_context_manager_aborts_at_its_exit(tiny_model) -> None:
+    """``break`` out of a stream kept in a variable leaves it open (Python's
+    ``async for`` says nothing to the iterator): ``async with`` closes it."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        async with engine.stream("hello", rid="C", **LONG) as stream:
+            async for _ in stream:
+                break
+        await reusable(engine, "C")  # aborted at once: 400 tokens would take seconds
+
+
+async def test_a_caller_in_another_trio_run_is_refused_and_the_engine_goes_on(
+    tiny_model,
+) -> None:
+    """A thread's own ``trio.run`` calling the engine killed the engine's run (an
+    AssertionError inside trio, when the engine woke the foreign task)."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+
+        def other_run() -> str:
+            async def call() -> str:
+                try:
+                    await engine.generate("hi", max_new_tokens=2)
+                except RuntimeError as err:
+                    return str(err)
+                return "served"
+
+            return trio.run(call)
+
+        with trio.fail_after(30):
+            said = await trio.to_thread.run_sync(other_run)
+        assert "this engine lives in another trio run" in said, said
+        out = await engine.generate("hi", max_new_tokens=2)
+        assert len(out.output_ids) == 2
+        assert all(a.restart_count == 0 for a in engine.actors())
+
+
+async def test_controls_after_the_engine_closed_raise(tiny_model) -> None:
+    """They waited for a scheduler's answer that could never come, and so did a
+    wait for the scheduler's stats still pending when the engine closed."""
+    waiting: list[BaseException] = []
+
+    async def wait_for_stats(engine: rt.Engine) -> None:
+        try:
+            await engine.scheduler_stats(lambda s: False)
+        except rt.errors.EngineShutdownError as err:
+            waiting.append(err)
+
+    with trio.fail_after(60):
+        async with (
+            trio.open_nursery() as outer,
+            rt.open_engine(str(tiny_model), **OPTIONS) as engine,
+        ):
+            outer.start_soon(wait_for_stats, engine)
+            await trio.sleep(0.1)
+    assert len(waiting) == 1
+    with trio.fail_after(10):
+        for control in (engine.flush_cache, engine.pause_generation, engine.continue_generation):
+            with pytest.raises(rt.errors.EngineShutdownError):
+                await control()
