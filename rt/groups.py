@@ -10,10 +10,14 @@ import trio
 
 
 def only(group: BaseExceptionGroup, err: BaseException) -> bool:
-    """Whether ``err`` is in ``group`` and every other leaf of it is a Cancelled."""
+    """Whether ``err`` is in ``group`` and every other leaf of it is a Cancelled;
+    for a group ``err``, whether its leaves are (a group the body raised comes
+    back as derived copies, holding the same leaves)."""
+    mine = list(_leaves(err)) if isinstance(err, BaseExceptionGroup) else [err]
     leaves = list(_leaves(group))
-    return any(e is err for e in leaves) and all(
-        e is err or isinstance(e, trio.Cancelled) for e in leaves
+    ours = {id(e) for e in mine}
+    return all(any(e is m for e in leaves) for m in mine) and all(
+        id(e) in ours or isinstance(e, trio.Cancelled) for e in leaves
     )
 
 
@@ -35,7 +39,6 @@ def raise_as_is(err: BaseException) -> NoReturn:
 
 
 def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
-    # (a group the body raised is not found: the nurseries hold derived copies of it)
     for e in group.exceptions:
         if isinstance(e, BaseExceptionGroup):
             yield from _leaves(e)

@@ -87,6 +87,11 @@ async def test_what_the_body_raises_comes_out_as_itself(tiny_model) -> None:
         async with rt.open_engine(str(tiny_model), **OPTIONS):
             raise mine
     assert caught.value is mine and mine.__context__ is None
+    group = ExceptionGroup("mine", [KeyError("a"), ValueError("b")])  # a nursery's, say
+    with pytest.raises(ExceptionGroup) as grouped:
+        async with rt.open_engine(str(tiny_model), **OPTIONS):
+            raise group
+    assert grouped.value is group  # it came out wrapped twice more: EG(EG(group's copy))
 
 
 async def test_a_stream_collected_in_another_thread_is_aborted_in_the_engines(
