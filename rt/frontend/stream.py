@@ -160,10 +160,14 @@ class Stream:
         return item
 
     def close(self) -> None:
-        """Stop: abort the request if it has not finished."""
+        """Stop: abort the request if it has not finished. A stream closed before
+        its first chunk takes its counts from the table (its prompt's tokens)."""
         if not self._done:
             self._done = True
             if self._updates is not None:
+                record = self._engine.table.records.get(self._req.rid)
+                if self.meta is None and record is not None:
+                    self.meta = record_meta(record)
                 self._engine._leave(self._req.rid)
         self._hold.close()
 

@@ -335,3 +335,31 @@ async def test_abort_request_by_a_prefix_of_rids_clients_chose_aborts_nothing(
             huge = await client.post("/abort_request", json={"rid": "j" * 500_000})
             assert huge.status_code == 404 and len(huge.text) < 500  # the rid cut short
         assert done == {"job-1": "length", "job-2": "length"}
+
+
+async def test_a_request_aborted_while_paused_counts_its_prompt(default_server: Server) -> None:
+    """Aborted before its first token (generation paused), its usage said
+    ``prompt_tokens: 0``: the counts came from its first chunk only."""
+    body = {"prompt": "And God said, Let there be light", "max_tokens": 4, "rid": "paused-abort"}
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
+        answers: list[httpx.Response] = []
+
+        async def ask() -> None:
+            answers.append(await client.post("/v1/completions", json=body))
+
+        assert (await client.post("/pause_generation")).status_code == 200
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask)
+                with trio.fail_after(30):  # in the paused scheduler: its prompt tokenized
+                    while not (default_server.info()["scheduler"] or {}).get("requests"):
+                        await trio.sleep(0.05)
+                await trio.sleep(0.2)  # (the ids reach the front beside it, on another ring)
+                abort = await client.post("/abort_request", json={"rid": "paused-abort"})
+                assert abort.status_code == 200
+        finally:
+            await client.post("/continue_generation")
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["finish_reason"] == "abort"
+    assert answer.json()["usage"]["prompt_tokens"] > 5
