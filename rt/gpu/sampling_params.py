@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -124,7 +125,8 @@ def _int_in(name: str, value: object, low: int | None, high: int | None) -> None
     """An integer in [low, high]; an open end still means 64 bits (the rings carry
     MessagePack integers, the sampler torch's int64)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name}: expected an integer, got {show(value)}")
+        hint = _convert(value, numbers.Integral, "a Python int", "int")
+        raise InvalidRequestError(f"{name}: expected an integer{hint}, got {show(value)}")
     low = INT64_MIN if low is None else low
     high = INT64_MAX if high is None else high
     if not low <= value <= high:
@@ -136,11 +138,20 @@ def _int_in(name: str, value: object, low: int | None, high: int | None) -> None
 REPETITION_PENALTY_MIN = 1e-6
 
 
+def _convert(value: object, kind: type, wanted: str, builtin: str) -> str:
+    """A hint for a number of another library's type (numpy's float32, say): it
+    is a number, just not one the engine takes as it is."""
+    if isinstance(value, kind) and not isinstance(value, bool):
+        return f" ({wanted}: convert this one with {builtin}())"
+    return ""
+
+
 def _float_in(
     name: str, value: object, low: float | None, high: float | None, low_open: bool = False
 ) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequestError(f"{name}: expected a finite number, got {show(value)}")
+        hint = _convert(value, numbers.Real, "a Python int or float", "float")
+        raise InvalidRequestError(f"{name}: expected a finite number{hint}, got {show(value)}")
     try:
         number = float(value)  # what the sampler will hold; an int past 1e308 has none
     except OverflowError:

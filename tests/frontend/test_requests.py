@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 
 from rt.config import EngineOptions
@@ -103,6 +104,8 @@ REFUSED = [
     pytest.param("hi", {"temperature": "0.5"}, r"temperature: expected a finite number, got '0.5'", id="str-float"),
     pytest.param("hi", {"temperature": True}, r"temperature: expected a finite number, got True", id="bool-float"),
     pytest.param("hi", {"temperature": 1j}, r"temperature: expected a finite number, got 1j", id="complex"),
+    pytest.param("hi", {"temperature": np.float32(0.5)}, r"temperature: expected a finite number \(a Python int or float: convert this one with float\(\)\), got np.float32\(0.5\)", id="numpy-float"),
+    pytest.param("hi", {"top_k": np.int64(3)}, r"top_k: expected an integer \(a Python int: convert this one with int\(\)\), got np.int64\(3\)", id="numpy-int"),
     pytest.param("hi", {"logprobs": 1}, r"logprobs: expected true or false, got 1", id="int-bool"),
     pytest.param("hi", {"ignore_eos": "yes"}, r"ignore_eos: expected true or false, got 'yes'", id="str-bool"),
     # sampling parameters: values
