@@ -86,7 +86,8 @@ def text_offsets(
         offsets.append(cursor.at)
         if front.tokens.special(t):
             token = front.tokens.text(t)
-            if not (skip_special if text is None else not text.startswith(token, cursor.at)):
+            shown = not skip_special if text is None else text.startswith(token, cursor.at)
+            if shown:
                 cursor.advance(token.encode())
             continue
         cursor.advance(bytes(front.tokens.bytes(t)))
