@@ -9,6 +9,7 @@ The tree::
     │   ├── Broken                    the *peer* is gone (died, or closed while you sent)
     │   ├── EndOfChannel              the peer closed cleanly and every frame has been received
     │   └── SegmentError              a shared-memory segment is missing, foreign or corrupt
+    │       └── SharedMemoryFull      /dev/shm has no room for a segment (the message says how much)
     ├── ActorError                    supervision (rt/actors)
     │   ├── ActorStartupError         a child raised during start-up (carries its traceback)
     │   ├── ActorCrashed              a child exited abnormally (carries the exit reason)
@@ -20,6 +21,7 @@ The tree::
     ├── RequestError                  one request is refused or failed; others go on
     │   ├── InvalidRequestError(ValueError)   bad parameters: says what was expected and what arrived
     │   ├── ContextOverflowError      prompt + max_new_tokens do not fit the context or the KV pool
+    │   ├── RequestTooLargeError      the request cannot fit the server's shared memory at all
     │   ├── RequestAborted            the request was aborted (client gone, admin abort)
     │   ├── RequestFailedError        a poison request (K crashes), or an internal error it alone hit
     │   └── ServiceUnavailableError   an actor it needs did not come back within the wait
@@ -60,6 +62,15 @@ class EndOfChannel(ChannelError):
 
 class SegmentError(ChannelError):
     """A shared-memory segment is missing, not rt's, or its header is corrupt."""
+
+
+class SharedMemoryFull(SegmentError):
+    """/dev/shm (a tmpfs, 64 MiB in a default Docker container) has no room for a
+    segment. ``fits_ever``: whether the segment would fit the filesystem empty."""
+
+    def __init__(self, message: str, fits_ever: bool = True) -> None:
+        super().__init__(message)
+        self.fits_ever = fits_ever
 
 
 class ActorError(RtError):
@@ -114,6 +125,10 @@ class InvalidRequestError(RequestError, ValueError):
 
 class ContextOverflowError(RequestError):
     """prompt + max_new_tokens is longer than the model's context or the KV pool."""
+
+
+class RequestTooLargeError(RequestError):
+    """The request is larger than the server's shared memory can ever carry."""
 
 
 class RequestAborted(RequestError):

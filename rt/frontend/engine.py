@@ -310,7 +310,12 @@ class Engine:
                 self._fail(msg)
 
     async def _to_tokenizer(self, worker: int, req: GenerateRequest) -> None:
-        await self._to_tok[worker].send(req)
+        try:
+            await self._to_tok[worker].send(req)
+        except errors.SharedMemoryFull as err:  # bigger than all of /dev/shm: never fits
+            raise errors.RequestTooLargeError(
+                f"the request is too large to pass on: {err}"
+            ) from err
         self._tok_queues.sent(worker, req.rid)
 
     async def route_deltas(self) -> None:
@@ -448,7 +453,10 @@ class Engine:
                 if record.input_ids is None:  # lost before its ids came back: tokenize again
                     # sent from here, not queued: a full tokenizer ring must not hold up
                     # the aborts and closes the control task sends
-                    await self._to_tokenizer(record.redrives % len(self._to_tok), record.req)
+                    try:
+                        await self._to_tokenizer(record.redrives % len(self._to_tok), record.req)
+                    except errors.RequestTooLargeError as err:  # /dev/shm shrank under it
+                        self._fail(Refused(record.rid, type(err).__name__, str(err)))
                 else:
                     self._resubmit(record)
 

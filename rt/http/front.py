@@ -222,6 +222,8 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
         )
         param = (rename or {}).get(asked) if asked else None
         return HTTPError(400, message, param=param, code="context_length_exceeded")
+    if isinstance(err, errors.RequestTooLargeError):
+        return HTTPError(413, message)
     if isinstance(err, errors.ServiceUnavailableError):
         return HTTPError(503, message, headers=[("retry-after", "1")])
     if isinstance(err, errors.EngineShutdownError):

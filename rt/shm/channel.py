@@ -15,13 +15,15 @@ that the producer is gone.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Sequence
+from functools import partial
 from typing import TypeAlias
 
 import trio
 
-from rt.errors import Broken, Closed, EndOfChannel, SegmentError, WouldBlock
+from rt.errors import Broken, Closed, EndOfChannel, SegmentError, SharedMemoryFull, WouldBlock
 from rt.shm import layout
 from rt.shm.memory_order import fence_acquire, fence_release
 from rt.shm.ring import Endpoint, Frame, RingSpec, side_prefix
@@ -32,6 +34,8 @@ Payload: TypeAlias = "bytes | bytearray | memoryview | Sequence[bytes | bytearra
 
 SMALL_FRAME = 4096  # received as bytes (one C call); bigger ones as a writable bytearray
 SIDE_NAME_TRIES = 8  # fresh names tried for a side segment before giving up
+SHM_FULL_RETRY_S = 0.005, 0.5  # a send waiting for room in /dev/shm looks again: first, most
+log = logging.getLogger(__name__)
 _HEAD, _TAIL, _DATA = layout.HEAD_SLOT, layout.TAIL_SLOT, layout.DATA_OFFSET
 _CONSUMER_SLEEPING, _CONSUMER_CLOSED = layout.CONSUMER_SLEEPING, layout.CONSUMER_CLOSED
 _new_tuple = tuple.__new__  # builds a Frame in C: half the cost of Frame(...)
@@ -98,24 +102,48 @@ class RingSender(Endpoint):
         self._send(as_chunks(data), block_ok=False)
 
     async def send(self, data: Payload) -> None:
-        """Publish one frame, waiting for room (backpressure, never an error)."""
+        """Publish one frame, waiting for room (backpressure, never an error):
+        room in the ring, and for a frame too big for it, room in /dev/shm for a
+        side segment, which the receivers free as they commit theirs. Raises
+        SharedMemoryFull only for a frame bigger than all of /dev/shm."""
         await trio.lowlevel.checkpoint_if_cancelled()
         chunks = as_chunks(data)
-        need = self._send(chunks, block_ok=True)
-        parked = False
-        if need:
-            self._waiting_for = need
-            parked = await self._waiter.wait(
-                lambda: self._room() >= need or self.peer_closed(), self._check_consumer
-            )
-            self._send(chunks, block_ok=False)
+        pause = 0.0
+        while True:
+            try:
+                need = self._send(chunks, block_ok=True)
+                parked = False
+                if need:
+                    self._waiting_for = need
+                    parked = await self._waiter.wait(
+                        partial(self._room_for, need), self._check_consumer
+                    )
+                    self._send(chunks, block_ok=False)
+                break
+            except SharedMemoryFull as err:
+                pause = await self._wait_for_shm(err, pause)
         if not parked:  # parking went through trio's scheduler already
             await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _wait_for_shm(self, err: SharedMemoryFull, pause: float) -> float:
+        """Sleep before trying again a side segment /dev/shm had no room for;
+        returns the next pause (doubling)."""
+        if not err.fits_ever:
+            raise err
+        first, most = SHM_FULL_RETRY_S
+        if not pause:
+            log.warning("ring %r: %s; the frame waits for room", self.spec.name, err)
+        pause = min(2 * pause, most) if pause else first
+        await trio.sleep(pause)
+        return pause
 
     def close(self) -> None:
         """Close this side: the receiver gets EndOfChannel once it has read every frame."""
         self._max_inline = -1  # send_nowait's fast path then leaves it to _send: Closed
         self._close_mapping(self.spec.data_fd)
+
+    def _room_for(self, need: int) -> bool:
+        return self._room() >= need or self.peer_closed()
 
     def _room(self) -> int:
         return layout.free(self._head(), self._tail(), self.spec.capacity)

@@ -24,6 +24,7 @@ exits, behind the runtime's back.
 
 from __future__ import annotations
 
+import errno
 import functools
 import mmap
 import os
@@ -34,7 +35,7 @@ from typing import NamedTuple
 
 import posix_ipc
 
-from rt.errors import SegmentError
+from rt.errors import SegmentError, SharedMemoryFull
 
 SHM_DIR = "/dev/shm"
 NAME_RE = re.compile(r"^rt_(\d+)_([0-9a-f]+)_([0-9a-f]{8})_([0-9a-f]{8})_")
@@ -132,7 +133,11 @@ class Segment:
                 f"{err}; check that {SHM_DIR} is writable and has room"
             ) from err
         try:
+            _reserve(shm.fd, name, size)
             buf = mmap.mmap(shm.fd, size)
+        except BaseException:
+            unlink(name)
+            raise
         finally:
             shm.close_fd()
         return cls(name, buf)
@@ -167,6 +172,35 @@ class Segment:
 
     def unlink(self) -> None:
         unlink(self.name)
+
+
+def _reserve(fd: int, name: str, size: int) -> None:
+    """Give a new segment its pages now. /dev/shm is a tmpfs: ``ftruncate`` only
+    sets a size, and on a full one the first write to a page not yet allocated
+    kills the writing process with SIGBUS, whichever process that is (the
+    front's, for a large request in a default Docker container's 64 MiB).
+    Reserving at creation turns that into an error the creator can handle."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return  # a filesystem that cannot reserve: pages come as they are written
+        if err.errno not in (errno.ENOSPC, errno.ENOMEM):
+            raise SegmentError(f"cannot reserve {size} bytes for segment {name!r}: {err}") from err
+        st = os.statvfs(SHM_DIR)
+        total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        fits_ever = size <= total
+        room = f"{_mib(free)} of its {_mib(total)} are free" if fits_ever else "more than all of it"
+        raise SharedMemoryFull(
+            f"{SHM_DIR} has no room for a segment of {_mib(size)} ({room}). Give it more "
+            "room (docker run --shm-size=1g; in Kubernetes, an emptyDir with medium: Memory "
+            f"mounted on {SHM_DIR})",
+            fits_ever=fits_ever,
+        ) from err
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def unlink(name: str) -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import small_shm
 
 READY = re.compile(r"rt-serve ready on http://127\.0\.0\.1:(\d+)")
 START_TIMEOUT_S = 120.0
@@ -125,13 +126,16 @@ def children_of(pid: int) -> list[int]:
     return kids
 
 
-def start_server(*args: str) -> Server:
+def start_server(*args: str, shm_size: str | None = None) -> Server:
+    """``rt-serve args``; with ``shm_size``, under a /dev/shm of its own of that
+    size (tests/small_shm.py)."""
     if not any(a.startswith(("--torch-threads", "--scheduler-cpus")) for a in args):
         # One torch thread: beside the other xdist worker, two threads' synchronisation
         # on two busy cores made 480-token requests take minutes instead of seconds.
         args = ("--torch-threads=1", *args)
+    command = [sys.executable, "-m", "rt.serve", "--port", "0", *args]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rt.serve", "--port", "0", *args],
+        small_shm.argv(shm_size, command) if shm_size else command,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -145,8 +149,8 @@ def start_server(*args: str) -> Server:
 
 
 @contextmanager
-def running_server(*args: str) -> Iterator[Server]:
-    server = start_server(*args)
+def running_server(*args: str, shm_size: str | None = None) -> Iterator[Server]:
+    server = start_server(*args, shm_size=shm_size)
     try:
         yield server
     except BaseException:
