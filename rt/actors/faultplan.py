@@ -27,7 +27,7 @@ import enum
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -149,6 +149,14 @@ class FaultPlan:
     def for_actor(self, actor: str, incarnation: int) -> list[tuple[int, FaultRule]]:
         """The rules (with their index in the plan) that apply to one incarnation."""
         return [(i, r) for i, r in enumerate(self.rules) if r.applies_to(actor, incarnation)]
+
+    def check_actors(self, actors: Iterable[Any]) -> None:
+        """:meth:`check_points` for actor specs: each passes the built-in points
+        and its factory's ``fault_points``."""
+        own: dict[str, frozenset[str]] = {
+            a.name: getattr(a.factory, "fault_points", frozenset()) for a in actors
+        }
+        self.check_points({name: BUILTIN_POINTS | points for name, points in own.items()})
 
     def check_points(self, actors: Mapping[str, frozenset[str]]) -> None:
         """Raise ConfigError for a rule whose point none of the actors it matches

@@ -46,7 +46,7 @@ from typing import Any
 import trio
 
 from rt.actors.boot import ChildBoot
-from rt.actors.faultplan import BUILTIN_POINTS, FaultPlan
+from rt.actors.faultplan import FaultPlan
 from rt.actors.heartbeat import MAX_BEAT_INTERVAL_S, HeartbeatTable
 from rt.actors.policy import Backoff, RestartIntensity, affected, should_restart
 from rt.actors.process import ChildProcess, describe_exit, spawn
@@ -54,6 +54,7 @@ from rt.actors.spec import ActorSpec, Restart, Strategy, SupervisorSpec
 from rt.actors.status import ActorState, ActorStatus, SupervisorStatus
 from rt.errors import ActorStartupError, EscalationError
 from rt.shm import Ring
+from rt.shm.reaper import Reaper
 from rt.shm.segment import new_run_prefix, sweep
 
 log = logging.getLogger("rt.actors")
@@ -121,13 +122,9 @@ class Supervisor:
             spec.check_tree()
             self.fault_plan = fault_plan if fault_plan is not None else FaultPlan.from_env()
             if self.fault_plan is not None:
-                self.fault_plan.check_points(
-                    {
-                        a.name: BUILTIN_POINTS | getattr(a.factory, "fault_points", frozenset())
-                        for a in spec.actors()
-                    }
-                )
+                self.fault_plan.check_actors(spec.actors())
             self._rings = {}
+        self._reaper: Reaper | None = None  # the root's (rt/shm/reaper.py)
         self._handle_signals = handle_signals
         self._children = [
             _Child(i, c, Backoff(spec.backoff_initial, spec.backoff_max, spec.backoff_reset))
@@ -230,6 +227,7 @@ class Supervisor:
         if self._parent is None:
             sweep()
             self.prefix = new_run_prefix()
+            self._reaper = Reaper(self.prefix)  # for a root killed outright
         else:
             self.prefix = self._parent.prefix
         send, receive = trio.open_memory_channel[_Exit](math.inf)
@@ -280,6 +278,8 @@ class Supervisor:
         if self._parent is None:
             for ring in self._rings.values():
                 ring.close()
+            if self._reaper is not None:
+                self._reaper.close()
 
     def _watchdog_timeout(self, spec: ActorSpec) -> float:
         return spec.watchdog_timeout or self.spec.watchdog_timeout

@@ -20,7 +20,8 @@ async def _announce_then_run(spec: SupervisorSpec) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(supervisor.run)
         pids = [a.pid for a in supervisor.status().actors]
-        print(json.dumps({"pids": pids, "prefix": supervisor.prefix}), flush=True)
+        reaper = supervisor._reaper.pid if supervisor._reaper else None  # rt/shm/reaper.py
+        print(json.dumps({"pids": pids, "prefix": supervisor.prefix, "reaper": reaper}), flush=True)
 
 
 def main(mode: str) -> int:

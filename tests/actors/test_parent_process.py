@@ -79,12 +79,7 @@ def _dead(pid: int) -> bool:
         return not os.path.exists(f"/proc/{pid}")
 
 
-async def test_children_die_with_a_sigkilled_parent_and_the_next_start_sweeps(
-    subreaper: None,
-) -> None:
-    proc, info = await _start_script("idle")
-    left = list_segments(info["prefix"])
-    assert len(left) == 2
+async def _kill_and_wait_for_children(proc: trio.Process, info: dict) -> None:
     proc.kill()
     await proc.wait()
     killed_at = trio.current_time()
@@ -93,11 +88,44 @@ async def test_children_die_with_a_sigkilled_parent_and_the_next_start_sweeps(
         children = {pid for pid in children if not _dead(pid)}
         assert trio.current_time() - killed_at < 2.0, f"children {children} outlived their parent"
         await trio.sleep(0.01)
+
+
+async def test_children_die_with_a_sigkilled_parent_and_its_reaper_unlinks_the_segments(
+    subreaper: None,
+) -> None:
+    proc, info = await _start_script("idle")
+    assert len(list_segments(info["prefix"])) == 2
+    await _kill_and_wait_for_children(proc, info)
+    with trio.fail_after(5):  # before, they stayed until another run's start-up swept
+        while list_segments(info["prefix"]) or not _dead(info["reaper"]):
+            await trio.sleep(0.01)
+
+
+async def test_the_next_start_sweeps_what_a_killed_parent_and_reaper_left(
+    subreaper: None,
+) -> None:
+    proc, info = await _start_script("idle")
+    left = list_segments(info["prefix"])
+    assert len(left) == 2
+    os.kill(info["reaper"], signal.SIGKILL)  # killed with it (the OOM killer, kill -9 -1)
+    with trio.fail_after(5):
+        while _state(info["reaper"]) not in ("Z", None):  # the script's zombie, then gone
+            await trio.sleep(0.01)
+    await _kill_and_wait_for_children(proc, info)
+    assert _dead(info["reaper"])  # the zombie, handed to this subreaper, is reaped
     assert list_segments(info["prefix"]) == left  # nobody was left to unlink them
     async with trio.open_nursery() as nursery:
         await nursery.start(Supervisor(SupervisorSpec(children=(ActorSpec("x", _noop_actor),))).run)
         assert list_segments(info["prefix"]) == []
         nursery.cancel_scope.cancel()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 def _noop_actor() -> object:

@@ -107,7 +107,7 @@ def signal_at_ready(script: str, *argv: str, sig: int = signal.SIGTERM) -> Signa
 def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished: bool) -> None:
     run = signal_at_ready(SCRIPT, str(drain), "10", sig=sig)
     out, actors = run.out, run.actors
-    assert len(actors) == 3
+    assert len(actors) == 4  # the three actors, and the segments' reaper (rt/shm/reaper.py)
     assert ("FINISHED 300" in out) is finished, out
     assert ("CUT OFF: the engine stopped" in out) is not finished, out
     assert f"STOPPED BY {signal.Signals(sig).name}" in out
@@ -116,6 +116,31 @@ def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished:
         time.sleep(0.05)
     assert not [pid for pid in actors if alive(pid)]
     assert not [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{run.pid}_")]
+
+
+def test_sigkill_of_the_engines_process_leaves_no_process_or_segment_behind() -> None:
+    # Before, the actors died with it (their parent-death signal) but its 8
+    # segments stayed in /dev/shm until another run's start-up swept them.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, "60", "10"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY"
+        children = children_of(proc.pid)
+        assert [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{proc.pid}_")]
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [s for s in os.listdir("/dev/shm") if s.startswith(f"rt_{proc.pid}_")]
+        if not left and not any(alive(pid) for pid in children):
+            break
+        time.sleep(0.05)
+    assert not [pid for pid in children if alive(pid)]
+    assert not left, f"segments left after SIGKILL: {left}"
 
 
 @pytest.mark.slow

@@ -1,0 +1,77 @@
+"""The segments of a run whose root process was killed outright.
+
+A root that exits, even by an exception, unlinks its run's segments; one
+killed by SIGKILL (an orchestrator's grace period run out, the OOM killer)
+cannot, and its actors die with it (their parent-death signal). Its
+segments used to stay in /dev/shm, a tmpfs, so in memory, until the next
+run's start-up :func:`~rt.shm.segment.sweep`: forever, if none came.
+
+So the root starts a reaper for each run: a small process (Python without
+``site``, no rt import: ~10 ms to start, ~8 MB) that blocks reading a pipe
+whose write end only the root holds (non-inheritable, so no actor holds it
+too). The pipe reaches end-of-file when the root closes it, having unlinked
+everything itself, or when the kernel closes it for a root that died; either
+way the reaper unlinks whatever is left under the run's prefix and exits.
+It leads a session of its own, so a terminal's ^C, meant for the root, does
+not stop it before the root is done.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from rt.shm.segment import SHM_DIR
+
+WAIT_S = 5.0  # for the reaper to finish once told: it has only a directory to list
+
+_REAP = """
+import os, sys
+prefix, shm = sys.argv[1], sys.argv[2]
+while os.read(0, 64):
+    pass
+for name in os.listdir(shm):
+    if name.startswith(prefix):
+        try:
+            os.unlink(os.path.join(shm, name))
+        except OSError:
+            pass
+"""
+
+
+class Reaper:
+    """Unlinks every segment named ``<prefix>_…`` once :meth:`close` is called
+    or this process dies, whichever comes first."""
+
+    def __init__(self, prefix: str) -> None:
+        read_end, self._write_end = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _REAP, f"{prefix}_", SHM_DIR],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(self._write_end)
+            raise
+        finally:
+            os.close(read_end)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def close(self) -> None:
+        """Tell the reaper to sweep now (after the root unlinked what it could) and
+        wait for it to exit."""
+        if self._write_end < 0:
+            return
+        os.close(self._write_end)
+        self._write_end = -1
+        try:
+            self._proc.wait(WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
