@@ -9,7 +9,8 @@ The tree::
     │   ├── Broken                    the *peer* is gone (died, or closed while you sent)
     │   ├── EndOfChannel              the peer closed cleanly and every frame has been received
     │   └── SegmentError              a shared-memory segment is missing, foreign or corrupt
-    │       └── SharedMemoryFull      /dev/shm has no room for a segment (the message says how much)
+    │       └── ResourceExhausted     the host is out, for now, of what a segment needs: retry later
+    │           └── SharedMemoryFull  /dev/shm has no room for it (the message says how much)
     ├── ActorError                    supervision (rt/actors)
     │   ├── ActorStartupError         a child raised during start-up (carries its traceback)
     │   ├── ActorCrashed              a child exited abnormally (carries the exit reason)
@@ -64,13 +65,18 @@ class SegmentError(ChannelError):
     """A shared-memory segment is missing, not rt's, or its header is corrupt."""
 
 
-class SharedMemoryFull(SegmentError):
-    """/dev/shm (a tmpfs, 64 MiB in a default Docker container) has no room for a
-    segment. ``fits_ever``: whether the segment would fit the filesystem empty."""
+class ResourceExhausted(SegmentError):
+    """The host is out of something a segment needs (file descriptors, room in
+    /dev/shm) for now. ``fits_ever``: whether trying again can ever succeed."""
 
     def __init__(self, message: str, fits_ever: bool = True) -> None:
         super().__init__(message)
         self.fits_ever = fits_ever
+
+
+class SharedMemoryFull(ResourceExhausted):
+    """/dev/shm (a tmpfs, 64 MiB in a default Docker container) has no room for a
+    segment; ``fits_ever`` is False when it would not fit the filesystem empty."""
 
 
 class ActorError(RtError):
@@ -79,12 +85,20 @@ class ActorError(RtError):
 
 class ActorStartupError(ActorError):
     """A child raised before reporting ready. ``child_traceback`` holds its traceback;
-    ``refused`` says it was a ConfigError: starting again would fail the same way."""
+    ``refused`` says it was a ConfigError: starting again would fail the same way;
+    ``transient`` that no process could be made (out of fds): a later try may work."""
 
-    def __init__(self, message: str, child_traceback: str = "", refused: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        child_traceback: str = "",
+        refused: bool = False,
+        transient: bool = False,
+    ) -> None:
         super().__init__(message if not child_traceback else f"{message}\n{child_traceback}")
         self.child_traceback = child_traceback
         self.refused = refused
+        self.transient = transient
 
 
 class ActorCrashed(ActorError):

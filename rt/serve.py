@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -30,6 +31,7 @@ from rt.frontend.drain import SIGNALS
 from rt.http.settings import Settings
 
 log = logging.getLogger("rt.serve")
+FD_TARGET = 65536  # the soft limit of open files asked for (SGLang's)
 PROGRESS_EVERY_S = 5.0
 EXIT_ESCALATED = 3  # as rt.actors.main.run_main
 
@@ -458,6 +460,7 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    raise_fd_limit()
     _outside.clear()
     previous = {signum: signal.signal(signum, _remember) for signum in SIGNALS}
     _outside.extend(early)  # (after: one that came in between is in ``early`` by now)
@@ -494,6 +497,17 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
     finally:
         _ignore_signals()
     return 0
+
+
+def raise_fd_limit(target: int = FD_TARGET) -> None:
+    """Each connection holds an fd: rt-serve raises the soft limit toward the hard
+    one (as SGLang and vLLM do), so that a thousand clients do not exhaust a
+    default 1024 (what the engine does when they do: docs/architecture.md)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        log.debug("open files: soft limit %d -> %d (hard %s)", soft, want, hard)
 
 
 def check_address(host: str, port: int) -> None:

@@ -139,6 +139,13 @@ class ChildProcess:
         os.close(self._pidfd)
 
 
+def _cannot_start(name: str, err: OSError) -> ActorStartupError:
+    """No process could be made (EMFILE, EAGAIN): the supervisor tries again, uncounted."""
+    return ActorStartupError(
+        f"cannot start a process for actor {name!r}: {err}; trying again", transient=True
+    )
+
+
 async def spawn(
     boot: ChildBoot,
     *,
@@ -149,7 +156,10 @@ async def spawn(
 ) -> ChildProcess:
     """Start a child running ``boot``'s actor and wait until it reports ready;
     pinned to ``cpus`` (before it starts a thread: its interpreter is starting)."""
-    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as err:
+        raise _cannot_start(boot.name, err) from err
     try:
         popen = subprocess.Popen(
             [
@@ -168,13 +178,21 @@ async def spawn(
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
-    except BaseException:
+    except BaseException as err:
         parent_end.close()
+        if isinstance(err, OSError):
+            raise _cannot_start(boot.name, err) from err
         raise
     finally:
         child_end.close()
     parent_end.setblocking(False)
-    proc = ChildProcess(popen, parent_end, boot.name)
+    try:
+        proc = ChildProcess(popen, parent_end, boot.name)
+    except OSError as err:  # its pidfd: out of fds
+        popen.kill()
+        popen.wait()
+        parent_end.close()
+        raise _cannot_start(boot.name, err) from err
     try:
         if cpus is not None:
             try:

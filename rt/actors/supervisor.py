@@ -467,9 +467,9 @@ class Supervisor:
             child.state = ActorState.FAILED
             self._escalate(child, event, "cannot start with this configuration")
             return None
-        # an exit charged to the requests in hand is theirs (poison is refused): no escalation
-        if not event.with_requests and not self._intensity.record(
-            time.monotonic(), child.spec.name
+        # the requests in hand's (poison is refused), or no process made (no fds): not counted
+        if not (event.with_requests or getattr(event.error, "transient", False)) and not (
+            self._intensity.record(time.monotonic(), child.spec.name)
         ):
             child.state = ActorState.FAILED
             self._escalate(child, event)

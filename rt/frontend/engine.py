@@ -310,12 +310,14 @@ class Engine:
                 self._fail(msg)
 
     async def _to_tokenizer(self, worker: int, req: GenerateRequest) -> None:
+        self._tok_queues.sending(req.rid)  # (waiting for room: watch_stalls leaves it)
         try:
             await self._to_tok[worker].send(req)
-        except errors.SharedMemoryFull as err:  # bigger than all of /dev/shm: never fits
-            raise errors.RequestTooLargeError(
-                f"the request is too large to pass on: {err}"
-            ) from err
+        except BaseException as err:
+            self._tok_queues.unsent(req.rid)
+            if isinstance(err, errors.SharedMemoryFull):  # bigger than all of /dev/shm
+                raise errors.RequestTooLargeError(f"too large to pass on: {err}") from err
+            raise
         self._tok_queues.sent(worker, req.rid)
 
     async def route_deltas(self) -> None:
@@ -365,12 +367,20 @@ class Engine:
 
     async def _frames(self, rx: RingReceiver) -> AsyncIterator[Any]:
         """Each message of ``rx``, committed once handled; waits out a restarting peer."""
+        tries = 0
         while True:
             try:
                 data = await rx.receive_data()
             except (errors.Broken, errors.EndOfChannel):  # the sender is restarting
                 await trio.sleep(RETRY_S)
                 continue
+            except errors.SegmentError as err:  # a side frame's: no fd now, or it is lost
+                if tries % 100 == 0:  # (lost: watch_stalls sends its request again)
+                    log.error("%s: a side frame cannot be read: %s", rx.spec.name, err)
+                tries += 1
+                await trio.sleep(min(RETRY_S * tries, 0.5))
+                continue
+            tries = 0
             try:
                 msg = codec.loads(data)
             except Exception as err:  # corruption: drop it, never stop the engine on it

@@ -5,7 +5,8 @@ tokenizer and notes the latest one answered: a request still waiting for its
 ids behind a tokenizer that answers steadily is queued, not lost, and sending
 it again would only lengthen the queue (2,737 copies in one second for a batch
 of 5,000 prompts). A frame sent after it answered first, or a tokenizer silent
-for the stall timeout, says it may be lost.
+for the stall timeout, says it may be lost. So does nothing: a request still
+waiting for room to be sent in (a full ring, a full /dev/shm, no fd) is late.
 """
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ class TokenizerQueues:
         self._answered = [0] * workers  # the number of the latest one it answered
         self._news_at = [time.monotonic()] * workers  # when it last answered
         self._of: dict[str, tuple[int, int]] = {}  # rid → (tokenizer, number) of its send
+        self._sending: set[str] = set()  # waiting for room (a full ring, /dev/shm, fds)
+
+    def sending(self, rid: str) -> None:
+        """``rid`` waits for room in a ring: late, not lost."""
+        self._sending.add(rid)
+
+    def unsent(self, rid: str) -> None:
+        """The send of ``rid`` ended without sending it (an error, a cancellation)."""
+        self._sending.discard(rid)
 
     def sent(self, worker: int, rid: str) -> None:
+        self._sending.discard(rid)
         self._sent[worker] += 1
         self._of[rid] = (worker, self._sent[worker])
 
@@ -38,6 +49,8 @@ class TokenizerQueues:
     def queued(self, rid: str, now: float, timeout: float) -> bool:
         """Is ``rid`` still behind a backlog its tokenizer is working through (nothing
         sent after it answered yet, and an answer within ``timeout``)?"""
+        if rid in self._sending:
+            return True
         sent = self._of.get(rid)
         if sent is None:
             return False

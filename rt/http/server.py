@@ -11,8 +11,10 @@ and hypercorn lets them go), so a stop ends within its drain and this grace.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
+import time
 from typing import Any
 
 import trio
@@ -31,6 +33,7 @@ WS_FRAME_LIMIT = 64 << 20  # hypercorn closes past this; the app answers 413 pas
 # the rest wait out a SYN retry, a second or more of TTFT. uvicorn's default.
 BACKLOG = 2048
 CUT_AFTER_S = 2.0  # after the stop's cancellation: the last words (1 s) have been said
+ACCEPT_LOG_EVERY_S = 10.0  # a failing accept (out of fds) is logged at most this often
 
 
 def hypercorn_config(settings: Settings) -> Config:
@@ -70,12 +73,42 @@ async def serve(
         finally:
             done.set()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.watch_scheduler)
-        binds = await nursery.start(run_hypercorn)
-        port = int(binds[0].rsplit(":", 1)[1])
-        nursery.start_soon(_cut_when_stuck, done, port)
-        task_status.started(binds[0])
+    accept_errors = logging.getLogger("trio.serve_listeners")
+    quiet = Throttle(ACCEPT_LOG_EVERY_S)
+    accept_errors.addFilter(quiet)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(front.watch_scheduler)
+            binds = await nursery.start(run_hypercorn)
+            port = int(binds[0].rsplit(":", 1)[1])
+            nursery.start_soon(_cut_when_stuck, done, port)
+            task_status.started(binds[0])
+    finally:
+        accept_errors.removeFilter(quiet)
+
+
+class Throttle(logging.Filter):
+    """One record per ``every_s``, without its traceback. trio's accept loop logs
+    each failed accept, with a traceback, every 0.1 s while the process is out
+    of fds: ~8 KB of log a second for as long as it lasts."""
+
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last = -math.inf
+        self._hidden = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            self._hidden += 1
+            return False
+        self._last = now
+        record.exc_info, record.exc_text = None, None
+        if self._hidden:
+            record.msg = f"{record.msg} (and {self._hidden} more since the last said)"
+            self._hidden = 0
+        return True
 
 
 async def _cut_when_stuck(done: trio.Event, port: int) -> None:

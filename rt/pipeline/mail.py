@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from rt.actors.mailbox import Inbox, Outbox
-from rt.errors import Broken, EndOfChannel
+from rt.errors import Broken, EndOfChannel, SegmentError
 from rt.shm import Frame, codec
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,10 @@ async def receive(inbox: Inbox) -> tuple[Any, Frame]:
         try:
             frame = await inbox.receive()
         except (Broken, EndOfChannel):
+            await trio.sleep(RETRY_S)
+            continue
+        except SegmentError as err:  # a side frame's: no fd now, or lost (the frontend resends)
+            log.error("%s: a side frame cannot be read: %s", inbox.name, err)
             await trio.sleep(RETRY_S)
             continue
         try:

@@ -29,7 +29,14 @@ import trio
 
 from rt.actors import Actor, ActorContext
 from rt.actors.mailbox import Inbox
-from rt.errors import Broken, EndOfChannel, InvalidRequestError, RequestFailedError, WouldBlock
+from rt.errors import (
+    Broken,
+    EndOfChannel,
+    InvalidRequestError,
+    RequestFailedError,
+    SegmentError,
+    WouldBlock,
+)
 from rt.messages import GenerateRequest, Refused
 from rt.pipeline.mail import RETRY_S, send
 from rt.shm import Frame, codec
@@ -159,12 +166,18 @@ class TokenizerActor(Actor):
                 return await inbox.receive()
             except (Broken, EndOfChannel):  # the frontend's end is restarting or closing
                 await trio.sleep(RETRY_S)
+            except SegmentError as err:  # a side frame's: no fd now, or lost (it is resent)
+                log.error("%s: a side frame cannot be read: %s", inbox.name, err)
+                await trio.sleep(RETRY_S)
 
     def _drain(self, inbox: Inbox, frames: list[Frame]) -> None:
         while len(frames) < self.max_batch:
             try:
                 add(frames, inbox.receive_nowait())
             except (WouldBlock, EndOfChannel):
+                return
+            except SegmentError as err:  # as in _first
+                log.error("%s: a side frame cannot be read: %s", inbox.name, err)
                 return
 
 

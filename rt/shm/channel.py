@@ -23,7 +23,14 @@ from typing import TypeAlias
 
 import trio
 
-from rt.errors import Broken, Closed, EndOfChannel, SegmentError, SharedMemoryFull, WouldBlock
+from rt.errors import (
+    Broken,
+    Closed,
+    EndOfChannel,
+    ResourceExhausted,
+    SegmentError,
+    WouldBlock,
+)
 from rt.shm import layout
 from rt.shm.memory_order import fence_acquire, fence_release
 from rt.shm.ring import Endpoint, Frame, RingSpec, side_prefix
@@ -120,14 +127,14 @@ class RingSender(Endpoint):
                     )
                     self._send(chunks, block_ok=False)
                 break
-            except SharedMemoryFull as err:
+            except ResourceExhausted as err:
                 pause = await self._wait_for_shm(err, pause)
         if not parked:  # parking went through trio's scheduler already
             await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def _wait_for_shm(self, err: SharedMemoryFull, pause: float) -> float:
-        """Sleep before trying again a side segment /dev/shm had no room for;
-        returns the next pause (doubling)."""
+    async def _wait_for_shm(self, err: ResourceExhausted, pause: float) -> float:
+        """Sleep before trying again a side segment /dev/shm had no room for (or
+        this process no fd); returns the next pause (doubling)."""
         if not err.fits_ever:
             raise err
         first, most = SHM_FULL_RETRY_S
@@ -275,7 +282,16 @@ class RingReceiver(Endpoint):
             length, kind = length & 0xFFFFFFFF, length >> 32
             data = self._ring.read_payload(at, length)
             if kind == layout.KIND_SIDE:
-                data, self._sides[at + layout.frame_size(length)] = _read_side(self.spec.name, data)
+                try:
+                    data, self._sides[at + layout.frame_size(length)] = _read_side(
+                        self.spec.name, data
+                    )
+                except ResourceExhausted:
+                    raise  # the frame stays next: read it again once fds are back
+                except SegmentError:  # its segment is gone or corrupt: the frame is lost,
+                    self._read = at + 8 + ((length + 7) & ~7)  # and the ring goes on
+                    self._received += 1
+                    raise
         self._read = at + 8 + ((length + 7) & ~7)
         self._received += 1
         return data

@@ -19,7 +19,7 @@ from rt.errors import SegmentError
 from rt.shm import layout
 from rt.shm.doorbell import Doorbell
 from rt.shm.memory_order import check_memory_order, fence
-from rt.shm.segment import Segment, list_segments, unlink
+from rt.shm.segment import Segment, list_segments, pid_alive, unlink
 
 if TYPE_CHECKING:
     from rt.shm.waiter import Waiter
@@ -146,11 +146,14 @@ class PeerWatch:
             return True  # no peer attached yet, or both ends in this process
         if pid != self._pid:
             self.close()
-            self._pid = pid
             try:
                 self._fd = os.pidfd_open(pid)
             except ProcessLookupError:
+                self._pid = pid
                 return False
+            except OSError:  # out of fds (EMFILE): ask the pid, and try again next time
+                return pid_alive(pid)
+            self._pid = pid
         if self._fd is None:
             return False
         readable, _, _ = select.select([self._fd], [], [], 0)
@@ -163,8 +166,8 @@ class PeerWatch:
         if pid == 0 or pid == os.getpid():
             return None
         if pid != self._pid:
-            self.alive(pid)  # opens the pidfd
-        return self._fd
+            self.alive(pid)  # opens the pidfd (if it can: else None, and waits poll)
+        return self._fd if pid == self._pid else None
 
     def close(self) -> None:
         if self._fd is not None:

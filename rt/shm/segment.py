@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import posix_ipc
 
-from rt.errors import SegmentError, SharedMemoryFull
+from rt.errors import ResourceExhausted, SegmentError, SharedMemoryFull
 
 SHM_DIR = "/dev/shm"
 NAME_RE = re.compile(r"^rt_(\d+)_([0-9a-f]+)_([0-9a-f]{8})_([0-9a-f]{8})_")
@@ -128,15 +128,19 @@ class Segment:
         except posix_ipc.ExistentialError:
             return None
         except (posix_ipc.Error, OSError, ValueError) as err:
+            if _out_of_fds(err):
+                raise _no_fds(name) from err
             raise SegmentError(
                 f"cannot create shared-memory segment {name!r} of {size} bytes in {SHM_DIR}: "
                 f"{err}; check that {SHM_DIR} is writable and has room"
             ) from err
         try:
             _reserve(shm.fd, name, size)
-            buf = mmap.mmap(shm.fd, size)
-        except BaseException:
+            buf = mmap.mmap(shm.fd, size)  # (which takes an fd of its own, a dup)
+        except BaseException as err:
             unlink(name)
+            if isinstance(err, OSError) and _out_of_fds(err):
+                raise _no_fds(name) from err
             raise
         finally:
             shm.close_fd()
@@ -155,8 +159,12 @@ class Segment:
             raise SegmentError(
                 f"shared-memory segment {name!r} belongs to another user: not rt's"
             ) from err
+        except OSError as err:
+            raise (_no_fds(name) if _out_of_fds(err) else err) from err
         try:
             buf = mmap.mmap(shm.fd, shm.size)
+        except OSError as err:
+            raise (_no_fds(name) if _out_of_fds(err) else err) from err
         finally:
             shm.close_fd()
         return cls(name, buf)
@@ -197,6 +205,21 @@ def _reserve(fd: int, name: str, size: int) -> None:
             f"mounted on {SHM_DIR})",
             fits_ever=fits_ever,
         ) from err
+
+
+def _out_of_fds(err: Exception) -> bool:
+    """EMFILE or ENFILE (posix_ipc says so in words, with no errno)."""
+    text = str(err).lower()
+    return getattr(err, "errno", None) in (errno.EMFILE, errno.ENFILE) or (
+        "maximum number of files" in text or "too many open files" in text
+    )
+
+
+def _no_fds(name: str) -> ResourceExhausted:
+    return ResourceExhausted(
+        f"cannot open shared-memory segment {name!r}: this process is out of file "
+        "descriptors (ulimit -n); it waits for some to close"
+    )
 
 
 def _mib(n: int) -> str:

@@ -157,7 +157,10 @@ class Waiter:
             self._asked = now
         epoll = self._epoll
         if epoll is None:
-            epoll = self._epoll = select.epoll()
+            try:
+                epoll = self._epoll = select.epoll()
+            except OSError:  # out of fds (EMFILE): poll this time, try again at the next
+                return None
             epoll.register(self.fd, select.EPOLLIN)
         if watched != self._watched:
             for _, fd in watched:

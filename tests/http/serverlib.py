@@ -126,14 +126,16 @@ def children_of(pid: int) -> list[int]:
     return kids
 
 
-def start_server(*args: str, shm_size: str | None = None) -> Server:
+def start_server(*args: str, shm_size: str | None = None, fd_limit: int = 0) -> Server:
     """``rt-serve args``; with ``shm_size``, under a /dev/shm of its own of that
-    size (tests/small_shm.py)."""
+    size (tests/small_shm.py); with ``fd_limit``, allowed that many open files."""
     if not any(a.startswith(("--torch-threads", "--scheduler-cpus")) for a in args):
         # One torch thread: beside the other xdist worker, two threads' synchronisation
         # on two busy cores made 480-token requests take minutes instead of seconds.
         args = ("--torch-threads=1", *args)
     command = [sys.executable, "-m", "rt.serve", "--port", "0", *args]
+    if fd_limit:
+        command = ["prlimit", f"--nofile={fd_limit}:{fd_limit}", *command]
     proc = subprocess.Popen(
         small_shm.argv(shm_size, command) if shm_size else command,
         stdin=subprocess.DEVNULL,
@@ -149,8 +151,8 @@ def start_server(*args: str, shm_size: str | None = None) -> Server:
 
 
 @contextmanager
-def running_server(*args: str, shm_size: str | None = None) -> Iterator[Server]:
-    server = start_server(*args, shm_size=shm_size)
+def running_server(*args: str, shm_size: str | None = None, fd_limit: int = 0) -> Iterator[Server]:
+    server = start_server(*args, shm_size=shm_size, fd_limit=fd_limit)
     try:
         yield server
     except BaseException:
