@@ -118,6 +118,12 @@ class EngineOptions(BaseModel):
     )
     fault_plan: Any = Field(None, description="a FaultPlan, or a path to one (JSON or TOML)")
     ring_capacity: int = Field(1 << 22, ge=1 << 12)
+    max_logprobs: int = Field(
+        20,
+        ge=0,
+        description="the most top logprobs a request may ask for per token (vLLM's "
+        "--max-logprobs): each costs the frontend memory per token of every sample",
+    )
 
     @field_validator("chunked_prefill_size")
     @classmethod

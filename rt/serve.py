@@ -198,6 +198,12 @@ ENGINE_FLAGS = (
     ),
     Flag("--fault-plan", "fault_plan", str, "a fault plan (JSON or TOML) for chaos testing"),
     Flag("--ring-capacity", "ring_capacity", int, "bytes per shared-memory ring"),
+    Flag(
+        "--max-logprobs",
+        "max_logprobs",
+        int,
+        "the most top logprobs per token a request may ask for (default: 20)",
+    ),
 )
 SWITCHES = {
     "--disable-radix-cache": ("enable_prefix_cache", False, "no prefix cache"),

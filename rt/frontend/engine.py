@@ -216,7 +216,7 @@ class Engine:
         """The request with a ring rid of its own, and the caller's rid."""
         self._check_run()
         limits = self.vocab_size, self.context_length, self.options.schedule_policy
-        req = build_request(prompt, options, *limits)
+        req = build_request(prompt, options, *limits, self.options.max_logprobs)
         return msgspec.structs.replace(req, rid=uuid.uuid4().hex), req.rid
 
     async def _submit(

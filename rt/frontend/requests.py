@@ -83,6 +83,10 @@ MAX_CONTEXT = 1 << 31  # max_new_tokens=None's bound where the context length is
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_JSON_DEPTH = 32  # nesting inside a chat message (tool calls and the like)
+# values (strings, numbers, lists, objects...) in a request's messages: 15 MB of ``{}`` in a
+# field the template never reads were 5M objects, 4 GB of the front's memory and seconds of
+# the tokenizer's time each
+MAX_JSON_VALUES = 100_000
 PROMPT_KINDS = {
     "prompt": "text, a list of token ids or a list of chat messages",
     "input_ids": "a list of token ids",
@@ -96,6 +100,7 @@ def build_request(
     vocab_size: int,
     context_length: int | None = None,
     policy: str = "priority",
+    max_logprobs: int | None = None,
 ) -> GenerateRequest:
     """``prompt`` is text, a list of token ids, or a list of chat messages (or None
     with ``input_ids=`` / ``messages=``); the other options are sampling parameters,
@@ -106,7 +111,9 @@ def build_request(
     ``allow_auto_truncate``, cut here, before their ids are checked one by one
     and sent: a prompt of millions of ids held the event loop for a second.
     A ``priority`` other than 0 is refused unless the scheduling ``policy`` is
-    "priority" (as vLLM refuses it: no order would honour it)."""
+    "priority" (as vLLM refuses it: no order would honour it). ``top_logprobs``
+    past ``max_logprobs`` is refused (the engine's option, vLLM's: each is a
+    (token, logprob) pair the frontend holds per token of every sample)."""
     unknown = [k for k in options if k not in SAMPLING_FIELDS and k not in OTHER_FIELDS]
     if unknown:
         raise InvalidRequestError(
@@ -125,6 +132,11 @@ def build_request(
     if to_context:  # checked against the most the context allows; the tokenizer sets it
         options = {**options, "max_new_tokens": context_length or MAX_CONTEXT}
     sampling = _sampling(options, vocab_size)
+    if max_logprobs is not None and sampling.top_logprobs > max_logprobs:
+        raise InvalidRequestError(
+            f"top_logprobs: expected at most {max_logprobs} (the server's max_logprobs), "
+            f"got {sampling.top_logprobs}"
+        )
     detok = DetokParams(
         _flag(options, "skip_special_tokens", True),
         _flag(options, "spaces_between_special_tokens", True),
@@ -226,6 +238,7 @@ def _token_ids(name: str, ids: Sequence[Any], vocab_size: int, start: int) -> tu
 
 def _messages(name: str, messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
     out = []
+    budget = [MAX_JSON_VALUES]
     for i, msg in enumerate(messages):
         where = f"{name}[{i}]"
         if not isinstance(msg, Mapping):
@@ -243,7 +256,7 @@ def _messages(name: str, messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
             raise InvalidRequestError(
                 f"{where}.role: expected a string, got {described(msg['role'])}"
             )
-        _json(where, msg, 0)
+        _json(where, msg, 0, budget)
         out.append({**msg, "content": _content(f"{where}.content", msg["content"])})
     return tuple(out)
 
@@ -270,9 +283,16 @@ def _content(where: str, content: Any) -> str:
     return "\n".join(texts)
 
 
-def _json(where: str, value: Any, depth: int) -> None:
+def _json(where: str, value: Any, depth: int, budget: list[int]) -> None:
     """A value MessagePack carries as JSON would (string keys; finite numbers;
-    integers in 64 bits; valid Unicode), at most MAX_JSON_DEPTH levels deep."""
+    integers in 64 bits; valid Unicode), at most MAX_JSON_DEPTH levels deep;
+    ``budget`` counts down the values it may still hold (MAX_JSON_VALUES)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise InvalidRequestError(
+            f"{where}: expected at most {MAX_JSON_VALUES} values (strings, numbers, lists, "
+            "objects) in the messages, got more"
+        )
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):
@@ -292,10 +312,11 @@ def _json(where: str, value: Any, depth: int) -> None:
             if not isinstance(key, str):
                 raise InvalidRequestError(f"{where}: expected string keys, got {show(key)}")
             check_unicode(f"{where}: a key", key)
-            _json(f"{where}.{key}" if key.isidentifier() else f"{where}[{key!r}]", item, depth + 1)
+            inner = f"{where}.{key}" if key.isidentifier() else f"{where}[{key!r}]"
+            _json(inner, item, depth + 1, budget)
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            _json(f"{where}[{i}]", item, depth + 1)
+            _json(f"{where}[{i}]", item, depth + 1, budget)
     else:
         raise InvalidRequestError(
             f"{where}: expected a JSON value (a string, number, bool, null, list or object), "
@@ -353,7 +374,10 @@ def _id_list(name: str, value: Any) -> tuple[Any, ...]:
         return ()
     if not isinstance(value, Sequence) or isinstance(value, str | bytes | bytearray):
         raise InvalidRequestError(f"{name}: expected a list of token ids, got {described(value)}")
-    return tuple(value)
+    try:  # each id once: a list of millions of repeats held the scheduler's every step
+        return tuple(dict.fromkeys(value))
+    except TypeError:  # an unhashable element: validate names it
+        return tuple(value)
 
 
 _DECIMAL = re.compile(r"[0-9]{1,19}")

@@ -361,11 +361,12 @@ class EngineCore:
                     for i, v in zip(ids.tolist(), values.tolist(), strict=True)
                 ]
 
-    def _stop_ids(self, req: Req) -> set[int]:
-        stops = set(req.params.stop_token_ids)
-        if not req.params.ignore_eos:
-            stops.update(self.eos_token_ids)
-        return stops
+    def _stop_ids(self, req: Req) -> frozenset[int]:
+        """Made once per sequence: a set built per token from a long list held every step."""
+        if req.stop_ids is None:
+            eos = () if req.params.ignore_eos else self.eos_token_ids
+            req.stop_ids = frozenset((*req.params.stop_token_ids, *eos))
+        return req.stop_ids
 
     def _sample_row(self, req: Req) -> SampleRow:
         suppress = self._stop_ids(req) if req.num_new < req.params.min_new_tokens else ()

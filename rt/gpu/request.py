@@ -41,6 +41,7 @@ class Req:
     admitted_at: float = 0.0  # time.monotonic() at first admission (its queue time's end)
     finish_reason: FinishReason | None = None
     matched_stop: int | None = None
+    stop_ids: frozenset[int] | None = None  # stop_token_ids and EOS, made at the first look
     num_retractions: int = 0
     decoding: bool = (
         False  # False while the prompt (or, after a retraction, prompt + outputs) is prefilled

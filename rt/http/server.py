@@ -27,7 +27,10 @@ from rt.http.front import Front
 from rt.http.settings import Settings
 
 log = logging.getLogger(__name__)
-WS_FRAME_LIMIT = 64 << 20  # hypercorn closes past this; the app answers 413 past max_body_size
+# A /ws message over max_body_size gets a 413 error frame, the connection kept; hypercorn
+# holds each message whole before the app sees it, so past this much more it closes the
+# connection (1009) instead: six half-sent 60 MiB messages once held 355 MB, for good.
+WS_FRAME_SLACK = 1 << 20
 # Connections the kernel queues before hypercorn accepts them. hypercorn's default, 100,
 # overflows when hundreds of clients connect at once (a bench at concurrency 256):
 # the rest wait out a SYN retry, a second or more of TTFT. uvicorn's default.
@@ -43,7 +46,7 @@ def hypercorn_config(settings: Settings) -> Config:
     config.accesslog = None
     config.backlog = BACKLOG
     config.errorlog = logging.getLogger("hypercorn.error")
-    config.websocket_max_message_size = max(WS_FRAME_LIMIT, 2 * settings.max_body_size)
+    config.websocket_max_message_size = settings.max_body_size + WS_FRAME_SLACK
     return config
 
 

@@ -256,9 +256,9 @@ def sampling_args() -> dict[str, Arg]:
         ),
         "top_logprobs": arg(
             st.integers(0, 20),
-            st.integers(max_value=-1) | st.integers(min_value=1025) | NOT_INT,
-            ok_edges=[0, 20, 1024],
-            bad_edges=[-1, 1025, 1.0, None, True],
+            st.integers(max_value=-1) | st.integers(min_value=21) | NOT_INT,
+            ok_edges=[0, 20],  # (20: the engine's max_logprobs)
+            bad_edges=[-1, 21, 1024, 1025, 1.0, None, True],
         ),
     }  # fmt: skip
 

@@ -16,6 +16,7 @@ from rt.errors import InvalidRequestError
 from rt.frontend.requests import (
     FLOAT_FIELDS,
     MAX_JSON_DEPTH,
+    MAX_JSON_VALUES,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     build_request,
@@ -235,6 +236,28 @@ def test_text_parts_of_a_chat_message_are_its_text_joined_by_newlines() -> None:
 def test_edge_values_are_accepted(prompt: Any, options: dict[str, Any]) -> None:
     req = build_request(prompt, options, VOCAB)
     assert isinstance(msgspec.msgpack.encode(req), bytes)  # MessagePack, not the pickle fallback
+
+
+def test_a_chat_message_with_too_many_values_is_refused_by_where() -> None:
+    junk = [{}] * MAX_JSON_VALUES  # the message itself and its role and content count too
+    with pytest.raises(
+        InvalidRequestError, match=r"^messages\[0\]\.junk\[99996\]: expected at most"
+    ):
+        build_request(None, {"messages": [{**CHAT[0], "junk": junk}]}, VOCAB)
+    build_request(None, {"messages": [{**CHAT[0], "junk": junk[:-4]}]}, VOCAB)
+
+
+def test_stop_token_ids_are_kept_once_each_in_order() -> None:
+    # 2M repeats (12 MB of JSON) once took the scheduler ~200 ms a step, every
+    # other client waiting: it rebuilt the set of stop ids for every token.
+    req = build_request("hi", {"stop_token_ids": [9, 5] * 1_000_000 + [7, 9]}, VOCAB)
+    assert req.sampling.stop_token_ids == (9, 5, 7)
+
+
+def test_top_logprobs_past_the_engines_max_logprobs_are_refused() -> None:
+    build_request("hi", {"top_logprobs": 20}, VOCAB, None, "fcfs", 20)
+    with pytest.raises(InvalidRequestError, match=r"^top_logprobs: expected at most 20 "):
+        build_request("hi", {"top_logprobs": 21}, VOCAB, None, "fcfs", 20)
 
 
 def test_what_is_repaired() -> None:

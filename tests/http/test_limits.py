@@ -354,3 +354,29 @@ async def test_a_page_from_another_origin_may_not_open_the_websocket(server: Ser
             await ws.send_message(json.dumps(body))
             while json.loads(await ws.get_message())["type"] != "done":
                 pass
+
+
+async def test_a_websocket_message_far_past_the_limit_closes_the_connection(server: Server) -> None:
+    # hypercorn holds a message whole before the app sees it: it held up to 64 MiB each
+    # (six half-sent ones: 355 MB, for good). Past the limit and 1 MiB, it closes (1009).
+    # By hand: trio-websocket leaves its socket open after such a close (a ResourceWarning).
+    size = BODY_LIMIT + (1 << 20) + 1
+    frame = b"\x81\xff" + size.to_bytes(8, "big") + b"\0\0\0\0" + b"x" * size  # masked by 0
+    stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+    async with stream:
+        await stream.send_all(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            + f"Authorization: Bearer {KEY}\r\n\r\n".encode()
+        )
+        answer = b""
+        with trio.fail_after(30):
+            while b"\r\n\r\n" not in answer:
+                answer += await stream.receive_some(4096)
+            with contextlib.suppress(trio.BrokenResourceError):  # closed while we still sent
+                await stream.send_all(frame)
+            while len(answer.partition(b"\r\n\r\n")[2]) < 4:  # the close frame's code
+                answer += await stream.receive_some(4096)
+    head, _, frames = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101"), head
+    assert frames[:1] == b"\x88" and int.from_bytes(frames[2:4], "big") == 1009, frames[:40]
