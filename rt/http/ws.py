@@ -21,11 +21,16 @@ alone, and the request in flight under that id goes on; so is one past
 generation it had in flight; a server that stops closes each connection with
 1001 once what it had in flight has been answered. Frames go out through one
 writer task, with a bounded queue in front: a slow reader holds back its own
-generations only. The task that receives frames never waits on that queue
-(hypercorn tells of a client gone through it: were it waiting for a writer
-stuck on that client, neither would ever move); a client that leaves
-``OUT_QUEUE`` frames unread and sends another one that needs an answer is
-closed with 1008, its generations aborted.
+generations only. A frame refused (an error frame to send) with the queue
+full waits for room, which holds back the client's further frames: a client
+that reads and sends a burst of frames gets every refusal, however many. That
+wait is bounded by the writer's progress, not by the queue's length (the
+queue is full of the connection's own deltas whenever its generations outpace
+the client): hypercorn tells of a client gone through the task that receives
+frames, and were it waiting for a writer stuck on that client, neither would
+ever move. A client whose writer has not finished one send in ``UNREAD_S``
+while a refusal waits does not read: it is closed with 1008, its generations
+aborted.
 """
 
 from __future__ import annotations
@@ -45,8 +50,9 @@ from rt.http.schemas import GenerateRequest, WsFrame, loads, parse
 log = logging.getLogger(__name__)
 
 OUT_QUEUE = 256  # frames waiting for the writer
+UNREAD_S = 10.0  # the writer in one send this long, a refusal waiting: the client does not read
 GOING = "the server is shutting down"
-UNREAD = f"the client left {OUT_QUEUE} frames unread and sent more"
+UNREAD = f"the client left frames unread for {UNREAD_S:g} s and sent more"
 
 
 class Connection:
@@ -57,6 +63,7 @@ class Connection:
         self.in_flight: dict[str | int, trio.CancelScope] = {}
         self._scope = trio.CancelScope()  # the connection's: cancelled when it ends
         self._unread = False  # the client does not read: closed with 1008
+        self._sent = 0  # frames the writer has handed to the client: its progress
 
     async def serve(self, receive: Receive) -> None:
         left = False
@@ -70,7 +77,7 @@ class Connection:
                         left = True
                         break
                     if message["type"] == "websocket.receive":
-                        self._on_frame(nursery, message)  # never waits
+                        await self._on_frame(nursery, message)  # waits on the writer only
                 nursery.cancel_scope.cancel()
         finally:
             if not left and (self._unread or self.front.stopping):  # say why (not 1006)
@@ -87,21 +94,28 @@ class Connection:
             except Exception:  # the peer is gone: nothing in flight can be delivered
                 connection.cancel()
                 return
+            self._sent += 1
 
     async def _frame(self, obj: dict[str, Any]) -> None:
         await self._out.send(encode(obj))
 
-    def _answer(self, cid: Any, err: HTTPError) -> None:
-        """The receiving task's own answer to a frame: never waits (see the module
-        docstring); with the queue full, the connection ends instead."""
-        try:
-            self._out.send_nowait(encode(_error_frame(cid, err)))
-        except trio.WouldBlock:
-            log.warning("WebSocket: %s; closing it", UNREAD)
-            self._unread = True
-            self._scope.cancel()
+    async def _answer(self, cid: Any, err: HTTPError) -> None:
+        """The receiving task's own answer to a frame: with the queue full, it waits
+        while the writer moves; a writer stuck in one send for ``UNREAD_S`` ends the
+        connection instead (see the module docstring)."""
+        frame = encode(_error_frame(cid, err))
+        while True:
+            sent = self._sent
+            with trio.move_on_after(UNREAD_S):
+                await self._out.send(frame)
+                return
+            if self._sent == sent:
+                log.warning("WebSocket: %s; closing it", UNREAD)
+                self._unread = True
+                self._scope.cancel()
+                return
 
-    def _on_frame(self, nursery: trio.Nursery, message: Message) -> None:
+    async def _on_frame(self, nursery: trio.Nursery, message: Message) -> None:
         data = message.get("text")
         if data is None:
             data = message.get("bytes") or b""
@@ -109,7 +123,7 @@ class Connection:
         if isinstance(data, str) and size * 4 > self.front.settings.max_body_size:
             size = len(data.encode("utf-8", "surrogatepass"))  # a character may be 4 bytes
         if size > self.front.settings.max_body_size:
-            self._answer(
+            await self._answer(
                 None,
                 HTTPError(
                     413,
@@ -120,12 +134,12 @@ class Connection:
         try:
             obj = loads(data)
         except HTTPError as err:
-            self._answer(None, err)
+            await self._answer(None, err)
             return
         if not isinstance(obj, dict):
             kind = "a list" if isinstance(obj, list) else type(obj).__name__
             problem = f"a frame is a JSON object with 'id' and 'type'; got {kind}"
-            self._answer(None, HTTPError(400, problem))
+            await self._answer(None, HTTPError(400, problem))
             return
         cid = obj.get("id")
         if isinstance(cid, bool) or not isinstance(cid, str | int):
@@ -135,7 +149,7 @@ class Connection:
                 cid.encode("utf-8")
             except UnicodeEncodeError:
                 problem = "id: expected a string of valid Unicode, got one with a lone surrogate"
-                self._answer(None, HTTPError(400, problem, param="id"))
+                await self._answer(None, HTTPError(400, problem, param="id"))
                 return
         try:
             frame = parse(WsFrame, obj)
@@ -164,7 +178,7 @@ class Connection:
                     400, "text: one prompt per frame (send one frame per prompt)", param="text"
                 )
         except HTTPError as err:
-            self._answer(cid, err)
+            await self._answer(cid, err)
             return
         scope = trio.CancelScope()
         self.in_flight[frame.id] = scope
