@@ -448,18 +448,18 @@ class Engine:
             if self._paused or not self._sup.status().healthy:
                 continue  # no news is expected; a restart resubmits everything anyway
             now = time.monotonic()
-            for record in self.table.live():
-                if record.held or now - record.progress_at < timeout * 2**record.redrives:
-                    continue
-                if record.input_ids is None and self._tok_queues.queued(record.rid, now, timeout):
-                    continue
-                record.redrives += 1
+            stalled = [r for r in self.table.live() if self._stalled(r, now, timeout)]
+            if stalled:  # one line a pass: an overload stalls hundreds at once
+                shown = ", ".join(f"{r.user_rid} ({r.redrives + 1})" for r in stalled[:3])
                 log.warning(
-                    "request %s: no news for %.1f s; sending it again (%d)",
-                    record.user_rid,
-                    now - record.progress_at,
-                    record.redrives,
+                    "%d request(s) with no news for %.1f s or more; sending them again: %s%s",
+                    len(stalled),
+                    min(now - r.progress_at for r in stalled),
+                    shown,
+                    ", …" if len(stalled) > 3 else "",
                 )
+            for record in (r for r in stalled if not r.finished):  # (lazily: sends wait)
+                record.redrives += 1
                 if record.input_ids is None:  # lost before its ids came back: tokenize again
                     # sent from here, not queued: a full tokenizer ring must not hold up
                     # the aborts and closes the control task sends
@@ -469,6 +469,12 @@ class Engine:
                         self._fail(Refused(record.rid, type(err).__name__, str(err)))
                 else:
                     self._resubmit(record)
+
+    def _stalled(self, record: Record, now: float, timeout: float) -> bool:
+        """No news for its timeout, and not queued behind its tokenizer's backlog."""
+        if record.held or now - record.progress_at < timeout * 2**record.redrives:
+            return False
+        return record.input_ids is not None or not self._tok_queues.queued(record.rid, now, timeout)
 
     def _open_streams(self, record: Record) -> None:
         if record.input_ids is not None:
