@@ -371,7 +371,7 @@ class EngineCore:
     def _sample_row(self, req: Req) -> SampleRow:
         suppress = self._stop_ids(req) if req.num_new < req.params.min_new_tokens else ()
         return SampleRow(
-            req.params, req.seed, req.seq_len, req.input_ids, req.output_ids, sorted(suppress)
+            req.params, req.seed, req.seq_len, req.input_ids, req.output_ids, sorted(suppress), req
         )
 
     def _finish_reason(self, req: Req, tok: int, num_new: int) -> FinishReason | None:

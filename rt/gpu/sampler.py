@@ -79,6 +79,11 @@ class SampleRow:
     ]  # the prompt (with outputs: repetition penalty), referenced, not copied
     output_ids: Sequence[int]  # outputs so far (frequency/presence penalties)
     suppress_ids: Sequence[int]  # ids that must not be sampled now (stop ids before min_new_tokens)
+    # the sequence (the engine's Req; hashable, weakly referenced) when the caller keeps it
+    # from step to step and only appends to its outputs: its penalty state then stays on the
+    # device while it lives, and a step adds the new tokens alone (_SeqCounts). None: the
+    # state is made for this call only.
+    owner: object | None = None
 
 
 @dataclass
@@ -268,31 +273,132 @@ def _bias_of(params: SamplingParams, device: torch.device) -> _Bias:
     return bias
 
 
-def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
-    width = max(1, max(len(s) for s in seqs))
-    out = torch.full((len(seqs), width), pad, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.int64)
-    return out.to(device)
+class _Pool:
+    """The penalty state of the live sequences on one device, a row each: one gather a
+    step makes the batch's rows, one accumulate adds their new tokens. Row 0 stays
+    zero (the rows without penalties). Sequences hold their pool (_SeqCounts.pool), so
+    it goes with the last of them: _POOLS holds it weakly."""
+
+    def __init__(self, device: torch.device, vocab: int) -> None:
+        self.device, self.vocab = device, vocab
+        self.counts = torch.zeros(1, vocab, dtype=torch.float32, device=device)  # [rows, vocab]
+        self.prompt = torch.zeros(1, vocab, dtype=torch.bool, device=device)  # [rows, vocab]
+        self.free: list[int] = []  # appended to by _SeqCounts.__del__, from any thread
+
+    def take(self) -> int:
+        """A free row, zeroed; the pool doubles when it has none."""
+        if not self.free:
+            rows = self.counts.shape[0]
+            self.counts = torch.cat([self.counts, self.counts.new_zeros(rows, self.vocab)])
+            self.prompt = torch.cat([self.prompt, self.prompt.new_zeros(rows, self.vocab)])
+            self.free.extend(range(2 * rows - 1, rows - 1, -1))
+        slot = self.free.pop()
+        self.counts[slot] = 0
+        self.prompt[slot] = False
+        return slot
+
+
+class _SeqCounts:
+    """One sequence's row of a _Pool: how often each token id is among its first
+    ``counted`` outputs (the last of them ``last``), and, for a repetition penalty
+    (``with_prompt``), which ids are in its prompt of ``prompt_len`` tokens."""
+
+    slot = 0  # none yet (row 0 is never taken): __del__ runs even if take() raised
+
+    def __init__(self, pool: _Pool, input_ids: Sequence[int], with_prompt: bool) -> None:
+        self.pool = pool
+        self.slot = pool.take()
+        self.prompt_len = len(input_ids)
+        self.with_prompt = with_prompt
+        self.counted = 0
+        self.last = -1
+        if with_prompt and input_ids:
+            ids = torch.tensor(list(input_ids), dtype=torch.int64, device=pool.device)
+            pool.prompt[self.slot, ids] = True
+
+    def __del__(self) -> None:
+        if self.slot:
+            self.pool.free.append(self.slot)  # (atomic: the collector may run this anywhere)
+
+    def trusted(self, row: SampleRow, pool: _Pool, with_prompt: bool) -> bool:
+        """Whether ``row``'s ids can extend this state: same pool and prompt, and
+        outputs that only grew since (checked at the last id counted, O(1))."""
+        out, counted = row.output_ids, self.counted
+        return (
+            self.pool is pool
+            and self.prompt_len == len(row.input_ids)
+            and (self.with_prompt or not with_prompt)
+            and counted <= len(out)
+            and (counted == 0 or out[counted - 1] == self.last)
+        )
+
+
+# Module-level like _BIASES: (device, vocab) → the pool its sequences hold, and a sequence
+# (SampleRow.owner) → its state, dropped with the sequence.
+_POOLS: weakref.WeakValueDictionary[tuple[torch.device, int], _Pool] = weakref.WeakValueDictionary()
+_STATES: weakref.WeakKeyDictionary[object, _SeqCounts] = weakref.WeakKeyDictionary()
+
+
+def _penalty_rows(
+    rows: Sequence[SampleRow], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's output token counts ([bs, vocab] float32) and prompt ids ([bs, vocab]
+    bool, with a repetition penalty only): zero for a row without penalties.
+
+    A sequence's state is made at its first step (O(prompt + outputs)), or again when
+    its ids cannot extend it (a resubmission is a new Req; a retracted one keeps its
+    outputs); later steps add the tokens new since, so the host's work per step is
+    O(rows + new tokens), whatever the lengths. (Rebuilt from the ids each step, the
+    penalties of 16 rows with 4,000-token prompts took 5.3 ms a step on one CPU thread at
+    vocab 4,096, 18 with 16,000-token prompts; kept, 0.7 to 0.9 either way, mostly the
+    arithmetic on [rows, vocab] that both do.)
+    """
+    pool = _POOLS.get((device, vocab))
+    if pool is None:
+        pool = _POOLS[(device, vocab)] = _Pool(device, vocab)
+    slots: list[int] = []
+    held: list[_SeqCounts] = []  # an owner-less row's state lives until its row is read
+    new_slots: list[int] = []
+    new_ids: list[int] = []
+    for r in rows:
+        if not r.params.has_penalties:
+            slots.append(0)
+            continue
+        with_prompt = r.params.repetition_penalty != 1.0
+        state = _STATES.get(r.owner) if r.owner is not None else None
+        if state is None or not state.trusted(r, pool, with_prompt):
+            state = _SeqCounts(pool, r.input_ids, with_prompt)
+            if r.owner is not None:
+                _STATES[r.owner] = state
+        held.append(state)
+        new = list(r.output_ids[state.counted :])
+        if new:
+            new_slots += [state.slot] * len(new)
+            new_ids += new
+            state.counted += len(new)
+            state.last = new[-1]
+        slots.append(state.slot)
+    if new_ids:
+        at = torch.tensor([new_slots, new_ids], dtype=torch.int64, device=device)
+        one = torch.tensor(1.0, device=device)
+        pool.counts.index_put_((at[0], at[1]), one, accumulate=True)
+    at = torch.tensor(slots, dtype=torch.int64, device=device)
+    return pool.counts[at], pool.prompt[at]
 
 
 def _apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
-    bs, vocab = logits.shape
     device = logits.device
-    freq = torch.tensor([float(r.params.frequency_penalty) for r in rows], device=device)
-    pres = torch.tensor([float(r.params.presence_penalty) for r in rows], device=device)
-    rep = torch.tensor([float(r.params.repetition_penalty) for r in rows], device=device)
-    # pad id `vocab` lands in an extra column that is dropped
-    out_ids = _padded([r.output_ids for r in rows], vocab, device)
-    counts = torch.zeros(bs, vocab + 1, device=device).scatter_add_(
-        1, out_ids, torch.ones_like(out_ids, dtype=torch.float32)
-    )[:, :vocab]
+    params = [r.params for r in rows]
+    freq = torch.tensor([float(p.frequency_penalty) for p in params], device=device)
+    pres = torch.tensor([float(p.presence_penalty) for p in params], device=device)
+    counts, in_prompt = _penalty_rows(rows, logits.shape[1], device)
+    # a row without these penalties has zero counts: its ±0 penalty times any count is the same
     logits = logits - freq[:, None] * counts - pres[:, None] * (counts > 0).float()
-    if bool((rep != 1.0).any()):
-        all_ids = _padded([[*r.input_ids, *r.output_ids] for r in rows], vocab, device)
-        seen = torch.zeros(bs, vocab + 1, dtype=torch.bool, device=device).scatter_(
-            1, all_ids, True
-        )[:, :vocab]
+    # (asked of the host: a device check waited for the device each step; where every
+    # penalty is 1 the division and product below leave the logits as they are)
+    if any(p.repetition_penalty != 1.0 for p in params):
+        rep = torch.tensor([float(p.repetition_penalty) for p in params], device=device)
+        seen = in_prompt | (counts > 0)
         penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
         logits = torch.where(seen, penalised, logits)
     return logits
