@@ -15,6 +15,7 @@ child exits), not by polling.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -139,10 +140,17 @@ class ChildProcess:
         os.close(self._pidfd)
 
 
+TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+
+
 def _cannot_start(name: str, err: OSError) -> ActorStartupError:
-    """No process could be made (EMFILE, EAGAIN): the supervisor tries again, uncounted."""
+    """No process could be made. Out of fds or processes (which a client can cause):
+    the supervisor tries again, uncounted; anything else (a missing interpreter)
+    counts toward the restart intensity like any failed start."""
+    transient = err.errno in TRANSIENT
+    again = "; trying again" if transient else ""
     return ActorStartupError(
-        f"cannot start a process for actor {name!r}: {err}; trying again", transient=True
+        f"cannot start a process for actor {name!r}: {err}{again}", transient=transient
     )
 
 

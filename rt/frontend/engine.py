@@ -45,7 +45,7 @@ from rt.actors import ActorState, ActorStatus, Supervisor, open_supervisor
 from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
 from rt.frontend.drain import stop_on_signal
-from rt.frontend.plumbing import RETRY_S, Latest, Out
+from rt.frontend.plumbing import RETRY_S, Latest, Out, refused_for_room
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
@@ -312,11 +312,11 @@ class Engine:
     async def _to_tokenizer(self, worker: int, req: GenerateRequest) -> None:
         self._tok_queues.sending(req.rid)  # (waiting for room: watch_stalls leaves it)
         try:
-            await self._to_tok[worker].send(req)
+            await self._to_tok[worker].send(req, patient=False)
         except BaseException as err:
             self._tok_queues.unsent(req.rid)
-            if isinstance(err, errors.SharedMemoryFull):  # bigger than all of /dev/shm
-                raise errors.RequestTooLargeError(f"too large to pass on: {err}") from err
+            if isinstance(err, errors.ResourceExhausted):  # /dev/shm (or fds) full: refused
+                raise refused_for_room(err) from err
             raise
         self._tok_queues.sent(worker, req.rid)
 
@@ -375,9 +375,8 @@ class Engine:
                 await trio.sleep(RETRY_S)
                 continue
             except errors.SegmentError as err:  # a side frame's: no fd now, or it is lost
-                if tries % 100 == 0:  # (lost: watch_stalls sends its request again)
+                if (tries := tries + 1) % 100 == 1:  # (lost: watch_stalls resends its request)
                     log.error("%s: a side frame cannot be read: %s", rx.spec.name, err)
-                tries += 1
                 await trio.sleep(min(RETRY_S * tries, 0.5))
                 continue
             tries = 0
@@ -395,7 +394,10 @@ class Engine:
 
     async def send_control(self) -> None:
         async for out, msg in self._control_recv:
-            await out.send(msg)
+            try:
+                await out.send(msg)
+            except errors.ResourceExhausted as err:  # never fits: its request stalls, is resent
+                log.error("%s: dropped a %s: %s", out.tx.spec.name, type(msg).__name__, err)
 
     # ---- recovery ------------------------------------------------------------------
 
@@ -461,11 +463,10 @@ class Engine:
             for record in (r for r in stalled if not r.finished):  # (lazily: sends wait)
                 record.redrives += 1
                 if record.input_ids is None:  # lost before its ids came back: tokenize again
-                    # sent from here, not queued: a full tokenizer ring must not hold up
-                    # the aborts and closes the control task sends
+                    # (from here, not queued: a full tokenizer ring must not hold up controls)
                     try:
                         await self._to_tokenizer(record.redrives % len(self._to_tok), record.req)
-                    except errors.RequestTooLargeError as err:  # /dev/shm shrank under it
+                    except errors.RequestError as err:  # /dev/shm full: refused alone
                         self._fail(Refused(record.rid, type(err).__name__, str(err)))
                 else:
                     self._resubmit(record)

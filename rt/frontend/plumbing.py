@@ -53,7 +53,9 @@ class Out:
         self.tx = tx
         self.lock = trio.Lock()
 
-    async def send(self, msg: Any) -> None:
+    async def send(self, msg: Any, patient: bool = True) -> None:
+        """Send ``msg``, waiting out a restarting reader; and, ``patient``, a /dev/shm
+        or fd table that stays full (else ResourceExhausted after the ring's wait)."""
         data = codec.dumps(msg)
         async with self.lock:
             while True:
@@ -62,3 +64,14 @@ class Out:
                     return
                 except errors.Broken:  # the reader died with the ring full: wait for its successor
                     await trio.sleep(RETRY_S)
+                except errors.ResourceExhausted as err:
+                    if not patient or not err.fits_ever:
+                        raise
+
+
+def refused_for_room(err: errors.ResourceExhausted) -> errors.RequestError:
+    """A request the frontend could not pass on: /dev/shm (or the fd table) stayed
+    full (503: try again), or it can never fit there (413)."""
+    if not err.fits_ever:
+        return errors.RequestTooLargeError(f"too large to pass on: {err}")
+    return errors.ServiceUnavailableError(f"no room to pass it on now: {err}")

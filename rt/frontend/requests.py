@@ -374,8 +374,8 @@ def _id_list(name: str, value: Any) -> tuple[Any, ...]:
         return ()
     if not isinstance(value, Sequence) or isinstance(value, str | bytes | bytearray):
         raise InvalidRequestError(f"{name}: expected a list of token ids, got {described(value)}")
-    try:  # each id once: a list of millions of repeats held the scheduler's every step
-        return tuple(dict.fromkeys(value))
+    try:  # each id once (by type too: True == 1 must still be refused by validate)
+        return tuple(v for _, v in dict.fromkeys((type(v), v) for v in value))
     except TypeError:  # an unhashable element: validate names it
         return tuple(value)
 

@@ -34,6 +34,7 @@ from rt.errors import (
     EndOfChannel,
     InvalidRequestError,
     RequestFailedError,
+    ResourceExhausted,
     SegmentError,
     WouldBlock,
 )
@@ -146,8 +147,14 @@ class TokenizerActor(Actor):
             await send(ctx.outbox[self.to_frontend], outcome)
         elif outcome is not None:
             scheduled, tokenized = outcome
-            await send(ctx.outbox[self.to_scheduler], scheduled)
-            await send(ctx.outbox[self.to_frontend], tokenized)
+            try:
+                await send(ctx.outbox[self.to_scheduler], scheduled)
+                await send(ctx.outbox[self.to_frontend], tokenized)
+            except ResourceExhausted as err:  # /dev/shm stayed full: this frame's own input
+                # may be what fills it (committed only after this): refused alone, not a crash
+                cls = "ServiceUnavailableError" if err.fits_ever else "RequestTooLargeError"
+                refused = Refused(tokenized.rid, cls, f"no room to pass its ids on: {err}")
+                await send(ctx.outbox[self.to_frontend], refused)
         ctx.inbox[self.inbox].commit(frame)
 
     async def _batch(self, inbox: Inbox) -> list[Frame]:

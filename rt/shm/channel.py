@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import TypeAlias
@@ -42,6 +43,7 @@ Payload: TypeAlias = "bytes | bytearray | memoryview | Sequence[bytes | bytearra
 SMALL_FRAME = 4096  # received as bytes (one C call); bigger ones as a writable bytearray
 SIDE_NAME_TRIES = 8  # fresh names tried for a side segment before giving up
 SHM_FULL_RETRY_S = 0.005, 0.5  # a send waiting for room in /dev/shm looks again: first, most
+SHM_FULL_WAIT_S = 10.0  # then gives up: the room may be held by a frame that waits on this one
 log = logging.getLogger(__name__)
 _HEAD, _TAIL, _DATA = layout.HEAD_SLOT, layout.TAIL_SLOT, layout.DATA_OFFSET
 _CONSUMER_SLEEPING, _CONSUMER_CLOSED = layout.CONSUMER_SLEEPING, layout.CONSUMER_CLOSED
@@ -112,10 +114,12 @@ class RingSender(Endpoint):
         """Publish one frame, waiting for room (backpressure, never an error):
         room in the ring, and for a frame too big for it, room in /dev/shm for a
         side segment, which the receivers free as they commit theirs. Raises
-        SharedMemoryFull only for a frame bigger than all of /dev/shm."""
+        ResourceExhausted for a frame that can never fit (``fits_ever`` False), or
+        after ``SHM_FULL_WAIT_S`` without room: a receiver may hold the room until
+        this very frame is sent (it commits its input after handling it)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         chunks = as_chunks(data)
-        pause = 0.0
+        pause, since = 0.0, 0.0
         while True:
             try:
                 need = self._send(chunks, block_ok=True)
@@ -128,14 +132,15 @@ class RingSender(Endpoint):
                     self._send(chunks, block_ok=False)
                 break
             except ResourceExhausted as err:
-                pause = await self._wait_for_shm(err, pause)
+                since = since or time.monotonic()
+                pause = await self._wait_for_shm(err, pause, since)
         if not parked:  # parking went through trio's scheduler already
             await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def _wait_for_shm(self, err: ResourceExhausted, pause: float) -> float:
+    async def _wait_for_shm(self, err: ResourceExhausted, pause: float, since: float) -> float:
         """Sleep before trying again a side segment /dev/shm had no room for (or
         this process no fd); returns the next pause (doubling)."""
-        if not err.fits_ever:
+        if not err.fits_ever or time.monotonic() - since > SHM_FULL_WAIT_S:
             raise err
         first, most = SHM_FULL_RETRY_S
         if not pause:

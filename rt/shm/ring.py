@@ -156,8 +156,9 @@ class PeerWatch:
             self._pid = pid
         if self._fd is None:
             return False
-        readable, _, _ = select.select([self._fd], [], [], 0)
-        return not readable
+        poller = select.poll()  # (not select.select: an fd past 1024 is out of its range,
+        poller.register(self._fd, select.POLLIN)  # and rt-serve raises its fd limit)
+        return not poller.poll(0)
 
     def watch_fd(self, pid: int) -> int | None:
         """A pidfd that turns readable when the peer at ``pid`` exits (at once if

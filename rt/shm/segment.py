@@ -24,6 +24,7 @@ exits, behind the runtime's back.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import mmap
@@ -197,14 +198,32 @@ def _reserve(fd: int, name: str, size: int) -> None:
             raise SegmentError(f"cannot reserve {size} bytes for segment {name!r}: {err}") from err
         st = os.statvfs(SHM_DIR)
         total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-        fits_ever = size <= total
-        room = f"{_mib(free)} of its {_mib(total)} are free" if fits_ever else "more than all of it"
+        fits_ever = size <= total - _kept_by_run(name)
+        room = (
+            f"{_mib(free)} of its {_mib(total)} are free"
+            if fits_ever
+            else f"more than its {_mib(total)} hold beside this run's rings"
+        )
         raise SharedMemoryFull(
             f"{SHM_DIR} has no room for a segment of {_mib(size)} ({room}). Give it more "
             "room (docker run --shm-size=1g; in Kubernetes, an emptyDir with medium: Memory "
             f"mounted on {SHM_DIR})",
             fits_ever=fits_ever,
         ) from err
+
+
+def _kept_by_run(name: str) -> int:
+    """Bytes the run that ``name`` belongs to keeps in /dev/shm for as long as it
+    runs: its rings and heartbeats (every segment but the side ones, ``_x…``)."""
+    match = NAME_RE.match(name)
+    if match is None:
+        return 0
+    prefix, kept = match.group(0), 0
+    for other in list_segments(prefix):
+        if other != name and "_x" not in other[len(prefix) :]:
+            with contextlib.suppress(OSError):
+                kept += os.stat(os.path.join(SHM_DIR, other)).st_size
+    return kept
 
 
 def _out_of_fds(err: Exception) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 
@@ -9,7 +10,7 @@ import pytest
 import trio
 from sample_actors import FailingStartup, Idle
 
-from rt.actors import ActorSpec, RingDecl, SupervisorSpec, open_supervisor
+from rt.actors import ActorSpec, RingDecl, SupervisorSpec, open_supervisor, process
 from rt.actors.boot import ChildBoot
 from rt.actors.child import describe_error
 from rt.actors.heartbeat import HeartbeatTable
@@ -121,3 +122,17 @@ async def test_describe_error_names_the_innermost_exception() -> None:
         "rt.errors.ActorStartupError: failed"
     )
     assert describe_error(RuntimeError()) == "RuntimeError"
+
+
+@pytest.mark.parametrize(
+    ("code", "transient"),
+    [(errno.EMFILE, True), (errno.EAGAIN, True), (errno.ENOENT, False), (errno.EACCES, False)],
+)
+def test_a_process_not_made_is_retried_uncounted_only_for_want_of_fds_or_processes(
+    code: int, transient: bool
+) -> None:
+    # A client can exhaust fds (retried, uncounted); a missing interpreter (a deploy
+    # replaced the venv) would never start: counted, so that it escalates.
+    err = process._cannot_start("tokenizer0", OSError(code, os.strerror(code)))
+    assert err.transient is transient
+    assert str(err).endswith("; trying again") is transient

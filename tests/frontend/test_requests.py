@@ -252,6 +252,9 @@ def test_stop_token_ids_are_kept_once_each_in_order() -> None:
     # other client waiting: it rebuilt the set of stop ids for every token.
     req = build_request("hi", {"stop_token_ids": [9, 5] * 1_000_000 + [7, 9]}, VOCAB)
     assert req.sampling.stop_token_ids == (9, 5, 7)
+    for ids in ([1, True], [7, 7.0]):  # equal as keys, but not token ids: still refused
+        with pytest.raises(InvalidRequestError, match=r"^stop_token_ids"):
+            build_request("hi", {"stop_token_ids": ids}, VOCAB)
 
 
 def test_top_logprobs_past_the_engines_max_logprobs_are_refused() -> None:

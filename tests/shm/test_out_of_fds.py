@@ -7,9 +7,12 @@ down with it; a live peer was taken for dead for good."""
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,3 +99,31 @@ def test_ring_operations_wait_or_degrade_while_the_process_is_out_of_fds() -> No
     assert report["lost"] == "SegmentError"
     assert report["next"] == "after"  # before: the same error again, the ring stuck there
     assert "waits for room" in out.stderr
+
+
+PAST_1024 = """
+import os, resource, subprocess, sys
+from rt.shm.ring import PeerWatch
+
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))  # as rt-serve raises it
+held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+child = subprocess.Popen(["sleep", "30"])
+watch = PeerWatch()
+print(watch.alive(child.pid), watch.watch_fd(child.pid) > 1024)
+child.kill()
+child.wait()
+print(watch.alive(child.pid))
+"""
+
+
+def test_a_peer_is_watched_through_an_fd_past_1024() -> None:
+    # rt-serve raises its fd limit, and connections take the low fds: a pidfd past
+    # 1024 made select.select raise ValueError, a 500 for every wait on that ring.
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048:
+        pytest.skip("the hard limit of open files is below 2048")
+    out = subprocess.run(
+        [sys.executable, "-c", PAST_1024], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "False"]
