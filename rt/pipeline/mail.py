@@ -31,6 +31,7 @@ class Unreadable:
 
 
 async def receive(inbox: Inbox) -> tuple[Any, Frame]:
+    tries = 0
     while True:
         try:
             frame = await inbox.receive()
@@ -38,14 +39,24 @@ async def receive(inbox: Inbox) -> tuple[Any, Frame]:
             await trio.sleep(RETRY_S)
             continue
         except SegmentError as err:  # a side frame's: no fd now, or lost (the frontend resends)
-            log.error("%s: a side frame cannot be read: %s", inbox.name, err)
-            await trio.sleep(RETRY_S)
+            tries = await unreadable_side(inbox.name, err, tries)
             continue
         try:
             return codec.loads(frame.data), frame
         except Exception as err:
             log.error("%s: a frame at offset %d does not decode: %r", inbox.name, frame.offset, err)
             return Unreadable(repr(err)), frame
+
+
+async def unreadable_side(name: str, err: SegmentError, tries: int) -> int:
+    """Say that a side frame cannot be read (the first time, then every 100th) and
+    wait before the next try, longer each time: out of fds may last. ``tries``
+    before this one; returns it plus one."""
+    tries += 1
+    if tries % 100 == 1:
+        log.error("%s: a side frame cannot be read: %s", name, err)
+    await trio.sleep(min(RETRY_S * tries, 0.5))
+    return tries
 
 
 async def send(outbox: Outbox, obj: Any) -> None:

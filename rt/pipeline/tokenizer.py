@@ -39,7 +39,7 @@ from rt.errors import (
     WouldBlock,
 )
 from rt.messages import GenerateRequest, Refused
-from rt.pipeline.mail import RETRY_S, send
+from rt.pipeline.mail import RETRY_S, send, unreadable_side
 from rt.shm import Frame, codec
 from rt.tok.core import Result, TokenizerCore, refuse
 from rt.tok.load import load_tokenizer
@@ -168,14 +168,14 @@ class TokenizerActor(Actor):
         return frames
 
     async def _first(self, inbox: Inbox) -> Frame:
+        tries = 0
         while True:
             try:
                 return await inbox.receive()
             except (Broken, EndOfChannel):  # the frontend's end is restarting or closing
                 await trio.sleep(RETRY_S)
             except SegmentError as err:  # a side frame's: no fd now, or lost (it is resent)
-                log.error("%s: a side frame cannot be read: %s", inbox.name, err)
-                await trio.sleep(RETRY_S)
+                tries = await unreadable_side(inbox.name, err, tries)
 
     def _drain(self, inbox: Inbox, frames: list[Frame]) -> None:
         while len(frames) < self.max_batch:

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import rt
+from rt.errors import SegmentError
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
+from rt.pipeline.mail import unreadable_side
 from rt.tok.load import load_tokenizer
 
 PROMPTS = ["In the beginning", "And God said", "Let there be light", "The quick brown fox"]
@@ -63,3 +66,17 @@ async def test_a_death_just_after_a_commit_loses_nothing(
         (status,) = [a for a in engine.actors() if a.name == name]
         assert status.restart_count == 1  # the fault fired, once
     assert got == reference
+
+
+async def test_an_unreadable_side_frame_is_said_once_in_100_tries(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An actor out of fds cannot open a side frame's segment until some close: it
+    # logged an ERROR every 20 ms for as long as that lasted.
+    tries = 0
+    start = trio.current_time()
+    for _ in range(200):
+        tries = await unreadable_side("tok0", SegmentError("out of file descriptors"), tries)
+    said = [r for r in caplog.records if "a side frame cannot be read" in r.getMessage()]
+    assert tries == 200 and len(said) == 2
+    assert trio.current_time() - start > 90  # waits grow to 0.5 s: not a busy retry
