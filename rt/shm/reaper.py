@@ -11,13 +11,17 @@ So the root starts a reaper for each run: a small process (Python without
 whose write end only the root holds (non-inheritable, so no actor holds it
 too). The pipe reaches end-of-file when the root closes it, having unlinked
 everything itself, or when the kernel closes it for a root that died; either
-way the reaper unlinks whatever is left under the run's prefix and exits.
+way the reaper unlinks whatever is left under the run's prefix and exits. A
+root that died said nothing first, so its actors may still be dying (their
+parent-death signal comes after the root's fds are closed), one of them making
+a side segment meanwhile: the reaper looks again a second later.
 It leads a session of its own, so a terminal's ^C, meant for the root, does
 not stop it before the root is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -27,16 +31,22 @@ from rt.shm.segment import SHM_DIR
 WAIT_S = 5.0  # for the reaper to finish once told: it has only a directory to list
 
 _REAP = """
-import os, sys
+import os, sys, time
 prefix, shm = sys.argv[1], sys.argv[2]
-while os.read(0, 64):
-    pass
-for name in os.listdir(shm):
-    if name.startswith(prefix):
-        try:
-            os.unlink(os.path.join(shm, name))
-        except OSError:
-            pass
+said = b""
+while chunk := os.read(0, 64):
+    said += chunk
+def sweep():
+    for name in os.listdir(shm):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(shm, name))
+            except OSError:
+                pass
+sweep()
+if not said:  # the root died: an actor may make a side segment before its own death
+    time.sleep(1.0)
+    sweep()
 """
 
 
@@ -68,6 +78,8 @@ class Reaper:
         wait for it to exit."""
         if self._write_end < 0:
             return
+        with contextlib.suppress(OSError):  # (a reaper killed: the pipe is broken)
+            os.write(self._write_end, b"closed")  # no second look: the actors are stopped
         os.close(self._write_end)
         self._write_end = -1
         try:

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from rt.actors import ActorSpec, Supervisor, SupervisorSpec
-from rt.shm.segment import list_segments
+from rt.shm.segment import Segment, list_segments
 
 SCRIPT = Path(__file__).with_name("supervisor_script.py")
 PR_SET_CHILD_SUBREAPER = 36
@@ -97,6 +97,13 @@ async def test_children_die_with_a_sigkilled_parent_and_its_reaper_unlinks_the_s
     assert len(list_segments(info["prefix"])) == 2
     await _kill_and_wait_for_children(proc, info)
     with trio.fail_after(5):  # before, they stayed until another run's start-up swept
+        while list_segments(info["prefix"]):
+            await trio.sleep(0.01)
+    # a side segment an actor made after that, before its parent-death signal: one
+    # more look a second later
+    late = Segment.create(info["prefix"] + "_r_x0_late", 64)
+    late.close()
+    with trio.fail_after(5):
         while list_segments(info["prefix"]) or not _dead(info["reaper"]):
             await trio.sleep(0.01)
 
