@@ -145,6 +145,15 @@ class RequestTooLargeError(RequestError):
     """The request is larger than the server's shared memory can ever carry."""
 
 
+def refused_for_room(err: ResourceExhausted) -> RequestError:
+    """A request that could not be passed on between processes: /dev/shm (or the
+    fd table) stayed full (ServiceUnavailableError: 503, try again), or it can
+    never fit there (RequestTooLargeError: 413)."""
+    if not err.fits_ever:
+        return RequestTooLargeError(f"too large to pass on: {err}")
+    return ServiceUnavailableError(f"no room to pass it on now: {err}")
+
+
 class RequestAborted(RequestError):
     """The request was aborted before it finished."""
 

@@ -45,7 +45,7 @@ from rt.actors import ActorState, ActorStatus, Supervisor, open_supervisor
 from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
 from rt.frontend.drain import stop_on_signal
-from rt.frontend.plumbing import RETRY_S, Latest, Out, refused_for_room
+from rt.frontend.plumbing import RETRY_S, Latest, Out
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
@@ -67,6 +67,7 @@ from rt.messages import (
     stream_key,
 )
 from rt.outputs import GenerateOutput
+from rt.pipeline.mail import unreadable_side
 from rt.shm import RingReceiver, RingSender, codec
 
 log = logging.getLogger(__name__)
@@ -316,7 +317,7 @@ class Engine:
         except BaseException as err:
             self._tok_queues.unsent(req.rid)
             if isinstance(err, errors.ResourceExhausted):  # /dev/shm (or fds) full: refused
-                raise refused_for_room(err) from err
+                raise errors.refused_for_room(err) from err
             raise
         self._tok_queues.sent(worker, req.rid)
 
@@ -374,10 +375,8 @@ class Engine:
             except (errors.Broken, errors.EndOfChannel):  # the sender is restarting
                 await trio.sleep(RETRY_S)
                 continue
-            except errors.SegmentError as err:  # a side frame's: no fd now, or it is lost
-                if (tries := tries + 1) % 100 == 1:  # (lost: watch_stalls resends its request)
-                    log.error("%s: a side frame cannot be read: %s", rx.spec.name, err)
-                await trio.sleep(min(RETRY_S * tries, 0.5))
+            except errors.SegmentError as err:  # a side frame's: no fd now, or lost (resent)
+                tries = await unreadable_side(rx.spec.name, err, tries)
                 continue
             tries = 0
             try:

@@ -25,8 +25,7 @@ class Latest(Generic[T]):
 
     def set(self, value: T) -> None:
         self.value = value
-        self._changed.set()
-        self._changed = trio.Event()
+        self.poke()
 
     async def wait(self, until: Callable[[T], bool]) -> T:
         while self.value is None or not until(self.value):
@@ -67,11 +66,3 @@ class Out:
                 except errors.ResourceExhausted as err:
                     if not patient or not err.fits_ever:
                         raise
-
-
-def refused_for_room(err: errors.ResourceExhausted) -> errors.RequestError:
-    """A request the frontend could not pass on: /dev/shm (or the fd table) stayed
-    full (503: try again), or it can never fit there (413)."""
-    if not err.fits_ever:
-        return errors.RequestTooLargeError(f"too large to pass on: {err}")
-    return errors.ServiceUnavailableError(f"no room to pass it on now: {err}")

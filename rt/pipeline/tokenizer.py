@@ -37,6 +37,7 @@ from rt.errors import (
     ResourceExhausted,
     SegmentError,
     WouldBlock,
+    refused_for_room,
 )
 from rt.messages import GenerateRequest, Refused
 from rt.pipeline.mail import RETRY_S, send, unreadable_side
@@ -152,8 +153,8 @@ class TokenizerActor(Actor):
                 await send(ctx.outbox[self.to_frontend], tokenized)
             except ResourceExhausted as err:  # /dev/shm stayed full: this frame's own input
                 # may be what fills it (committed only after this): refused alone, not a crash
-                cls = "ServiceUnavailableError" if err.fits_ever else "RequestTooLargeError"
-                refused = Refused(tokenized.rid, cls, f"no room to pass its ids on: {err}")
+                refusal = refused_for_room(err)
+                refused = Refused(tokenized.rid, type(refusal).__name__, str(refusal))
                 await send(ctx.outbox[self.to_frontend], refused)
         ctx.inbox[self.inbox].commit(frame)
 

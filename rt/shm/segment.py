@@ -237,7 +237,7 @@ def _out_of_fds(err: Exception) -> bool:
 def _no_fds(name: str) -> ResourceExhausted:
     return ResourceExhausted(
         f"cannot open shared-memory segment {name!r}: this process is out of file "
-        "descriptors (ulimit -n); it waits for some to close"
+        "descriptors (ulimit -n)"
     )
 
 

@@ -102,7 +102,7 @@ async def test_a_tokenizer_whose_answer_finds_no_room_refuses_that_request_alone
             body = {"input_ids": [1000] * 170_000, "sampling_params": {"max_new_tokens": 1}}
             r = await client.post("/generate", json=body)
             assert r.status_code == 503, r.text
-            assert "no room to pass its ids on: /dev/shm has no room" in r.text
+            assert "no room to pass it on now: /dev/shm has no room" in r.text
             r = await client.post(
                 "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}
             )
