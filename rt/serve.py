@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import resource
 import signal
 import socket
@@ -282,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request body may take to arrive after its headers; then 408 (default: %(default)s)",
     )
     server.add_argument(
+        "--send-timeout",
+        type=float,
+        default=Settings.send_timeout,
+        help="seconds a write to a client may wait on it (a client that stops reading); then the connection is cut and its requests aborted (default: %(default)s)",
+    )
+    server.add_argument(
         "--ws-max-in-flight",
         type=int,
         default=Settings.ws_max_in_flight,
@@ -354,6 +361,10 @@ def http_settings(args: argparse.Namespace) -> Settings:
         raise errors.ConfigError(
             f"--body-timeout: expected a positive number of seconds, got {args.body_timeout}"
         )
+    if not 0 < args.send_timeout < math.inf:
+        raise errors.ConfigError(
+            f"--send-timeout: expected a positive number of seconds, got {args.send_timeout}"
+        )
     if args.max_queued_requests is not None and args.max_queued_requests < 0:
         raise errors.ConfigError(
             f"--max-queued-requests: expected 0 or more, got {args.max_queued_requests}"
@@ -370,6 +381,7 @@ def http_settings(args: argparse.Namespace) -> Settings:
         api_key=args.api_key,
         max_body_size=args.max_body_size,
         body_timeout=args.body_timeout,
+        send_timeout=args.send_timeout,
         max_queued_requests=args.max_queued_requests,
         allow_auto_truncate=args.allow_auto_truncate,
         ws_max_in_flight=args.ws_max_in_flight,

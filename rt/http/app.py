@@ -31,6 +31,7 @@ from rt.http.asgi import (
 )
 from rt.http.front import Front
 from rt.http.openapi import document
+from rt.http.send_watch import SendWatch
 
 log = logging.getLogger(__name__)
 Handler = Callable[..., Awaitable[None]]
@@ -66,10 +67,12 @@ ROUTES: dict[tuple[str, str], Route] = {
 
 
 class App:
-    """``App(front)`` is an ASGI 3 application."""
+    """``App(front)`` is an ASGI 3 application; with ``sends``, each write to a
+    client is timed by it (rt/http/send_watch.py)."""
 
-    def __init__(self, front: Front) -> None:
+    def __init__(self, front: Front, sends: SendWatch | None = None) -> None:
         self.front = front
+        self._sends = sends
         self._key = front.settings.api_key
         summaries = {key: route.summary for key, route in ROUTES.items()}
         summaries[("GET", "/v1/models/{model}")] = "One model (404 for another id)"
@@ -79,6 +82,8 @@ class App:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        if self._sends is not None and kind != "lifespan":
+            send = self._sends.watch(scope, send)
         if kind == "http":
             await self._http(Exchange(scope, receive, send, self.front.settings.body_timeout))
         elif kind == "websocket":

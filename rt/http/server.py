@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import time
 from typing import Any
 
@@ -24,6 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from rt.http.app import App
 from rt.http.front import Front
+from rt.http.send_watch import SendWatch, cut_connections
 from rt.http.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,8 @@ async def serve(
     """Serve ``engine`` over HTTP until cancelled; ``task_status`` gets the bound
     address (``http://127.0.0.1:30000``; port 0 binds a free one)."""
     front = Front(engine, settings)
-    app: Any = App(front)  # an ASGI 3 callable; hypercorn's types want its TypedDicts
+    sends = SendWatch(settings.send_timeout)
+    app: Any = App(front, sends)  # an ASGI 3 callable; hypercorn's types want its TypedDicts
     if settings.allowed_origins:  # preflights answered, and the headers added, by Starlette's
         app = CORSMiddleware(
             app,
@@ -85,6 +85,7 @@ async def serve(
             binds = await nursery.start(run_hypercorn)
             port = int(binds[0].rsplit(":", 1)[1])
             nursery.start_soon(_cut_when_stuck, done, port)
+            nursery.start_soon(sends.run, port)
             task_status.started(binds[0])
     finally:
         accept_errors.removeFilter(quiet)
@@ -123,32 +124,3 @@ async def _cut_when_stuck(done: trio.Event, port: int) -> None:
         if not done.is_set():
             cut = cut_connections(port)
             log.warning("%d connection(s) still open %g s into the stop: cut", cut, CUT_AFTER_S)
-
-
-def cut_connections(port: int) -> int:
-    """Shut down every TCP connection of this process accepted on ``port`` (read
-    from /proc/self/fd: hypercorn does not hand out its sockets); returns how many."""
-    cut = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            dup = os.dup(int(name))
-        except (ValueError, OSError):
-            continue
-        try:
-            sock = socket.socket(fileno=dup)
-        except OSError:  # not a socket
-            os.close(dup)
-            continue
-        with sock:  # the duplicate; the connection is the same
-            try:
-                if (
-                    sock.type == socket.SOCK_STREAM
-                    and sock.family in (socket.AF_INET, socket.AF_INET6)
-                    and sock.getsockname()[1] == port
-                ):
-                    sock.getpeername()  # a connection, not the listener (ENOTCONN)
-                    sock.shutdown(socket.SHUT_RDWR)
-                    cut += 1
-            except OSError:
-                continue
-    return cut

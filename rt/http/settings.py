@@ -14,7 +14,9 @@ class Settings:
     one gets 503 with ``Retry-After`` (None: no limit). ``allow_auto_truncate``:
     the default for every request (a prompt over the context is cut instead of
     refused). ``body_timeout``: seconds a request body may take to arrive, from
-    its headers (then 408 and the connection closes). ``ws_max_in_flight``: the
+    its headers (then 408 and the connection closes). ``send_timeout``: seconds
+    a write to a client may wait on it (a client that does not read); then its
+    connection is cut and its requests aborted. ``ws_max_in_flight``: the
     generations one /ws connection may have in flight (one more is refused
     with an error frame, status 429): a client that sends and never reads
     holds at most that many. ``allowed_origins``: the origins a browser may
@@ -28,6 +30,7 @@ class Settings:
     api_key: str | None = None
     max_body_size: int = 16 << 20
     body_timeout: float = 60.0
+    send_timeout: float = 60.0
     max_queued_requests: int | None = None
     retry_after_s: int = 1
     allow_auto_truncate: bool = False
@@ -39,5 +42,6 @@ class Settings:
     def __post_init__(self) -> None:
         assert self.max_body_size > 0, self.max_body_size
         assert self.body_timeout > 0, self.body_timeout
+        assert self.send_timeout > 0, self.send_timeout
         assert self.max_queued_requests is None or self.max_queued_requests >= 0
         assert self.ws_max_in_flight >= 1, self.ws_max_in_flight

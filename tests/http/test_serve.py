@@ -99,6 +99,8 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
         ["--dtype", "int3"],
         ["--max-body-size", "0"],
         ["--ws-max-in-flight", "0"],
+        ["--send-timeout", "0"],
+        ["--send-timeout", "nan"],
         ["--allowed-origins", "*"],  # vLLM's form is a JSON list
         ["--allowed-origins", '["https://a.example", 5]'],
         ["--bogus"],

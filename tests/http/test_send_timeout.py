@@ -1,0 +1,154 @@
+"""``--send-timeout``: a client that stops reading but keeps its connection open
+is cut once a write to it has waited that long, and its generations are
+aborted; one that reads, with pauses shorter than that, is served to the end.
+One rt-serve with the null model. Events carry 20 top logprobs each, so that
+the kernel's buffers (megabytes on loopback) fill within a second."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from serverlib import Server, running_server
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
+
+SEND_TIMEOUT_S = 3.0
+TOKENS = 400
+BIG_EVENTS = {"return_logprob": True, "top_logprobs_num": 20, "return_text_in_logprobs": True}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with running_server("--load-format=null", f"--send-timeout={SEND_TIMEOUT_S}") as s:
+        yield s
+
+
+def body(prompts: int) -> dict[str, Any]:
+    params = {"max_new_tokens": TOKENS, "ignore_eos": True}
+    return {"text": ["In the beginning"] * prompts, "sampling_params": params, **BIG_EVENTS}
+
+
+def post_stream(
+    port: int, payload: dict[str, Any], rcvbuf: int | None = None, http: str = "1.1"
+) -> socket.socket:
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(("127.0.0.1", port))
+    data = json.dumps({**payload, "stream": True}).encode()
+    head = f"POST /generate HTTP/{http}\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n"
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+def in_flight(server: Server) -> int:
+    return int(server.info()["requests_in_flight"])
+
+
+def wait_idle(server: Server, within_s: float) -> float:
+    """Seconds until nothing is in flight; fails past ``within_s``."""
+    start = time.monotonic()
+    while in_flight(server):
+        assert time.monotonic() - start < within_s, f"{in_flight(server)} still in flight"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def cut_lines(server: Server) -> list[str]:
+    return [line for line in server.log if "(--send-timeout)" in line]
+
+
+def ended(sock: socket.socket) -> bool:
+    """Whether the server has closed the connection (reading what it had sent)."""
+    sock.settimeout(10)
+    try:
+        while sock.recv(1 << 20):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_an_sse_client_that_stops_reading_is_cut_and_its_generations_aborted(
+    server: Server,
+) -> None:
+    """The write to it waited for good, shielded by hypercorn: the stream's eight
+    generations (and their KV) stayed in flight as long as the client stayed."""
+    before = len(cut_lines(server))
+    sock = post_stream(server.port, body(8), rcvbuf=2048)
+    try:
+        time.sleep(1.0)
+        assert in_flight(server) == 8
+        took = wait_idle(server, within_s=SEND_TIMEOUT_S + 20)
+        assert took > SEND_TIMEOUT_S - 1.5, took  # not before its writes had waited
+        assert ended(sock)
+    finally:
+        sock.close()
+    assert len(cut_lines(server)) == before + 1, server.log[-5:]
+
+
+def test_a_websocket_client_that_stops_reading_is_cut_and_its_generations_aborted(
+    server: Server,
+) -> None:
+    before = len(cut_lines(server))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.connect(("127.0.0.1", server.port))
+    ws = WSConnection(ConnectionType.CLIENT)
+    try:
+        sock.sendall(ws.send(Request(host="127.0.0.1", target="/ws")))
+        while not any(isinstance(e, AcceptConnection) for e in ws.events()):
+            ws.receive_data(sock.recv(65536))
+        for i in range(4):
+            frame = {"id": i, "type": "generate", **body(1), "text": "In the beginning"}
+            sock.sendall(ws.send(TextMessage(data=json.dumps(frame))))
+        time.sleep(1.0)
+        assert in_flight(server) == 4
+        wait_idle(server, within_s=SEND_TIMEOUT_S + 20)
+        assert ended(sock)
+    finally:
+        sock.close()
+    assert len(cut_lines(server)) == before + 1, server.log[-5:]
+
+
+def test_a_client_that_pauses_for_less_than_the_timeout_is_served_to_the_end(
+    server: Server,
+) -> None:
+    """Each pause holds the server's writes nearly as long as the timeout; the
+    stream as a whole takes several times the timeout. A bound on the stream,
+    or on how long the client has been behind, would cut it. (Measured: from
+    the second pause on, each drain read ~2 MB, the kernel's buffers full:
+    the server's writes had been waiting on the client.)"""
+    before = len(cut_lines(server))
+    sock = post_stream(server.port, body(32), http="1.0")  # not chunked; the end is EOF
+    data = bytearray()
+    start = time.monotonic()
+    try:
+        sock.setblocking(False)
+        chunk = b"..."
+        while chunk:
+            time.sleep(SEND_TIMEOUT_S / 2)  # paused: the server fills the buffers and waits
+            try:
+                while chunk := sock.recv(1 << 20):  # all there is, at once
+                    data += chunk
+            except BlockingIOError:
+                pass
+            assert time.monotonic() - start < 120, len(data)
+    finally:
+        sock.close()
+    took = time.monotonic() - start
+    events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: {")]
+    finished = [e for e in events if e["meta_info"].get("finish_reason")]
+    assert len(finished) == 32, events[-1]
+    assert all(e["meta_info"]["finish_reason"]["type"] == "length" for e in finished)
+    assert took > 2 * SEND_TIMEOUT_S, (
+        f"took {took:.1f} s, {len(data)} bytes: the test held the server back too little"
+    )
+    assert len(cut_lines(server)) == before
