@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--send-timeout",
         type=float,
         default=Settings.send_timeout,
-        help="seconds a write to a client may wait on it (a client that stops reading); then the connection is cut and its requests aborted (default: %(default)s)",
+        help="seconds a client may take nothing of a write waiting for it (it stopped reading); then its connection is cut and its requests aborted (default: %(default)s)",
     )
     server.add_argument(
         "--ws-max-in-flight",

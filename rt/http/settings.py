@@ -15,8 +15,8 @@ class Settings:
     the default for every request (a prompt over the context is cut instead of
     refused). ``body_timeout``: seconds a request body may take to arrive, from
     its headers (then 408 and the connection closes). ``send_timeout``: seconds
-    a write to a client may wait on it (a client that does not read); then its
-    connection is cut and its requests aborted. ``ws_max_in_flight``: the
+    a client may take nothing of a write waiting for it (it does not read);
+    then its connection is cut and its requests aborted. ``ws_max_in_flight``: the
     generations one /ws connection may have in flight (one more is refused
     with an error frame, status 429): a client that sends and never reads
     holds at most that many. ``allowed_origins``: the origins a browser may

@@ -1,6 +1,7 @@
 """``--send-timeout``: a client that stops reading but keeps its connection open
-is cut once a write to it has waited that long, and its generations are
-aborted; one that reads, with pauses shorter than that, is served to the end.
+is cut once it has taken nothing of a waiting write for that long, and its
+generations are aborted; one that reads, with pauses shorter than that or
+slowly through a write that lasts longer, is served to the end.
 One rt-serve with the null model. Events carry 20 top logprobs each, so that
 the kernel's buffers (megabytes on loopback) fill within a second."""
 
@@ -40,7 +41,7 @@ def post_stream(
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.connect(("127.0.0.1", port))
-    data = json.dumps({**payload, "stream": True}).encode()
+    data = json.dumps({"stream": True, **payload}).encode()
     head = f"POST /generate HTTP/{http}\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n"
     sock.sendall(head.encode() + data)
     return sock
@@ -74,6 +75,29 @@ def ended(sock: socket.socket) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def read_to_end(sock: socket.socket, every_s: float, at_most: int | None = None) -> bytes:
+    """Every ``every_s``, what has arrived (up to ``at_most`` bytes), until the
+    server closes; then the socket is closed."""
+    data = bytearray()
+    start = time.monotonic()
+    try:
+        sock.setblocking(False)
+        while True:
+            time.sleep(every_s)
+            try:
+                while chunk := sock.recv(at_most or 1 << 20):
+                    data += chunk
+                    if at_most:
+                        break
+                else:
+                    return bytes(data)
+            except BlockingIOError:
+                pass
+            assert time.monotonic() - start < 120, len(data)
+    finally:
+        sock.close()
 
 
 def test_an_sse_client_that_stops_reading_is_cut_and_its_generations_aborted(
@@ -128,21 +152,8 @@ def test_a_client_that_pauses_for_less_than_the_timeout_is_served_to_the_end(
     the server's writes had been waiting on the client.)"""
     before = len(cut_lines(server))
     sock = post_stream(server.port, body(32), http="1.0")  # not chunked; the end is EOF
-    data = bytearray()
     start = time.monotonic()
-    try:
-        sock.setblocking(False)
-        chunk = b"..."
-        while chunk:
-            time.sleep(SEND_TIMEOUT_S / 2)  # paused: the server fills the buffers and waits
-            try:
-                while chunk := sock.recv(1 << 20):  # all there is, at once
-                    data += chunk
-            except BlockingIOError:
-                pass
-            assert time.monotonic() - start < 120, len(data)
-    finally:
-        sock.close()
+    data = read_to_end(sock, every_s=SEND_TIMEOUT_S / 2)  # the server fills the buffers, waits
     took = time.monotonic() - start
     events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: {")]
     finished = [e for e in events if e["meta_info"].get("finish_reason")]
@@ -151,4 +162,24 @@ def test_a_client_that_pauses_for_less_than_the_timeout_is_served_to_the_end(
     assert took > 2 * SEND_TIMEOUT_S, (
         f"took {took:.1f} s, {len(data)} bytes: the test held the server back too little"
     )
+    assert len(cut_lines(server)) == before
+
+
+def test_a_slow_reader_of_one_big_answer_is_served_to_the_end(server: Server) -> None:
+    """A non-streamed answer is one write: to a client that reads it slowly but
+    steadily, it waits longer than the timeout, the client's TCP taking bytes all
+    along. A bound on the write alone would cut it."""
+    before = len(cut_lines(server))
+    sock = post_stream(server.port, {**body(32), "stream": False}, http="1.0")
+    sock.settimeout(60)
+    data = sock.recv(1 << 16)  # waits out the generation
+    first = time.monotonic()
+    data += read_to_end(sock, every_s=0.1, at_most=96 << 10)  # ~1 MB/s
+    took = time.monotonic() - first
+    head, _, answer = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert answer.startswith(b"["), (len(data), head, answer[:200])
+    results = json.loads(answer)
+    assert [r["meta_info"]["completion_tokens"] for r in results] == [TOKENS] * 32
+    assert took > SEND_TIMEOUT_S + 1, f"took {took:.1f} s, {len(data)} bytes: too fast to tell"
     assert len(cut_lines(server)) == before
