@@ -107,6 +107,12 @@ def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) ->
         for name, engine in _SAMPLING.items()
         if getattr(req, name) is not None
     }
+    if req.seed is not None and req.seed < 0:
+        # OpenAI's and vLLM's seed is any int64, the engine's is 63 bits: a negative
+        # seed is folded in (-1 draws as 2**63 - 1 does)
+        if req.seed < -(2**63):
+            raise HTTPError(400, f"seed: expected a 64-bit integer, got {req.seed}", param="seed")
+        options["seed"] = req.seed % 2**63
     if max_tokens is not None:
         options["max_new_tokens"] = max_tokens
     options["allow_auto_truncate"] = front.settings.allow_auto_truncate
@@ -323,8 +329,14 @@ async def _stream_completions(
 async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     req = parse(ChatCompletionRequest, body)
     for name in ("tools", "tool_choice", "functions", "function_call"):
-        if getattr(req, name) is not None:
+        if getattr(req, name) not in (None, [], "none"):  # no tools, or none to call: as asked
             raise HTTPError(400, f"{name}: not supported (rt has no tool calling yet)", param=name)
+    if req.modalities is not None and req.modalities != ["text"]:
+        raise HTTPError(
+            400,
+            f"modalities: only ['text'] is supported, got {req.modalities!r}",
+            param="modalities",
+        )
     if req.response_format is not None and req.response_format != {"type": "text"}:
         raise HTTPError(
             400,

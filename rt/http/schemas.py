@@ -78,6 +78,9 @@ class GenerateRequest(BaseModel):
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool | None = None
+    include_obfuscation: bool | None = Field(
+        default=None, description="accepted and ignored: rt pads no events"
+    )
 
 
 class OpenAISampling(BaseModel):
@@ -112,8 +115,11 @@ class OpenAISampling(BaseModel):
     spaces_between_special_tokens: bool | None = None
     rid: str | None = Field(default=None, description="the request id, for /abort_request")
     priority: int | None = None
-    # Accepted and ignored: they change nothing about the output.
+    # Accepted and ignored: they change nothing about the output (rt's prefix
+    # cache needs no key).
     user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
@@ -153,6 +159,7 @@ class ChatCompletionRequest(OpenAISampling):
     function_call: Any = None
     response_format: Any = None
     parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = Field(default=None, description='only ["text"]')
 
 
 class AbortRequest(BaseModel):

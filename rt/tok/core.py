@@ -225,6 +225,12 @@ class TokenizerCore:
                 f"context length {self.context_length}; shorten the prompt"
                 + ("" if req.allow_auto_truncate else " or set allow_auto_truncate")
             )
+        if size >= self.context_length:
+            return (
+                f"the prompt has {size} tokens, over the context length {self.context_length} "
+                "on its own; shorten the prompt"
+                + ("" if req.allow_auto_truncate else " or set allow_auto_truncate")
+            )
         # truncating cannot help when max_new_tokens alone fills the context
         advice = (
             "lower max_new_tokens"

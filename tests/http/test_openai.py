@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -212,10 +213,13 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=model, prompt="x", max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="--allow-auto-truncate") as err:
-        client.completions.create(model=model, prompt="word " * 600, max_tokens=4)
+        client.completions.create(model=model, prompt="word " * 300, max_tokens=400)
     assert err.value.code == "context_length_exceeded"
-    assert "max_tokens is 4" in err.value.message  # the field this endpoint takes
+    assert "max_tokens is 400" in err.value.message  # the field this endpoint takes
     assert err.value.param == "max_tokens"
+    # a prompt over the context on its own: no max_tokens could help, and none is blamed
+    with pytest.raises(openai.BadRequestError, match="over the context length 512 on its own"):
+        client.completions.create(model=model, prompt="word " * 600, max_tokens=4)
     # echo decodes a token-id prompt before the engine sees it: its ids are checked first
     # (a negative one, or one past 2**64, was a 500 from the decoder)
     for prompt, where, bad in (([-1], "prompt", -1), ([[5], [7, 2**64]], "prompt[1]", 2**64)):
@@ -279,3 +283,58 @@ def test_small_conventions_of_openai_clients(client: openai.OpenAI) -> None:
         client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"priority": 5})
     assert err.value.param == "priority"
     client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"priority": 0})
+
+
+def test_fields_that_ask_for_nothing_rt_lacks_are_accepted(client: openai.OpenAI) -> None:
+    """What current OpenAI clients send by default, or to say "none of that":
+    an empty tool list, tool_choice "none", text-only modalities, a stream's
+    include_obfuscation, and the cache and safety keys. Each is a no-op here and
+    must not be a 400; asking for what rt lacks still is."""
+    model = model_id(client)
+    out = client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        max_tokens=2,
+        tools=[],
+        tool_choice="none",
+        modalities=["text"],
+        safety_identifier="user-1",
+        prompt_cache_key="k",
+    )
+    assert out.choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            max_tokens=2,
+            stream=True,
+            stream_options={"include_usage": True, "include_obfuscation": False},
+        )
+    )
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+    with pytest.raises(openai.BadRequestError, match="modalities: only") as err:
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=2, modalities=["text", "audio"]
+        )
+    assert err.value.param == "modalities"
+    with pytest.raises(openai.BadRequestError, match="tool_choice: not supported"):
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=2, tool_choice="required"
+        )
+
+
+def test_a_negative_seed_is_a_seed(client: openai.OpenAI) -> None:
+    """OpenAI's and vLLM's seed is any 64-bit integer: -1 is one more seed (it was
+    a 400), the same draws each time; past 64 bits it is refused by name."""
+    model = model_id(client)
+    kwargs: Any = {"model": model, "prompt": "And God said", "max_tokens": 12, "temperature": 1.0}
+    texts = {
+        seed: [client.completions.create(**kwargs, seed=seed).choices[0].text for _ in range(2)]
+        for seed in (-1, -(2**63), 7)
+    }
+    for seed, (a, b) in texts.items():
+        assert a == b, seed
+    assert len({t[0] for t in texts.values()}) == 3  # three seeds, three draws
+    with pytest.raises(openai.BadRequestError, match="seed: expected a 64-bit integer") as err:
+        client.completions.create(**kwargs, seed=-(2**63) - 1)
+    assert err.value.param == "seed"
