@@ -177,13 +177,8 @@ class Supervisor:
         """``child.state``, but EXITING once a running child said it is going down
         (its exit, seen later, is what the supervisor acts on)."""
         hb = self._heartbeats
-        if (
-            child.state is ActorState.RUNNING
-            and child.live  # else the supervisor is stopping it
-            and child.proc is not None
-            and hb is not None
-            and hb.going_down(child.index)
-        ):
+        running = child.state is ActorState.RUNNING and child.live  # (else being stopped)
+        if running and child.proc is not None and hb is not None and hb.going_down(child.index):
             return ActorState.EXITING
         return child.state
 
@@ -527,13 +522,15 @@ class Supervisor:
                 "actor %r: backing off %.2f s before restarting", failed.spec.name, restart.delay
             )
             await trio.sleep(restart.delay)
+        retry = getattr(event.error, "transient", False)  # no process made: the same restart
         for member in group:
             if member.state is not ActorState.RESTARTING:
                 continue
             if member is not failed and member.spec.restart is Restart.TEMPORARY:
                 member.state = ActorState.STOPPED
                 continue
-            member.restart_count += 1
+            if not (retry and member is failed):
+                member.restart_count += 1
             await self._start(member)
 
     # -- stopping -------------------------------------------------------------

@@ -84,7 +84,8 @@ async def restart_while_out_of_fds(server: Server) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["meta_info"]["completion_tokens"] == 3
     actors = {a["name"]: a for a in server.info()["actors"]}
-    assert actors["tokenizer0"]["restart_count"] >= 2  # the failed tries, then the start
+    # one kill, one restart, however many tries it took (each said why it failed)
+    assert actors["tokenizer0"]["restart_count"] == 1
     assert actors["scheduler"]["restart_count"] == actors["detokenizer"]["restart_count"] == 0
     assert back_after < 15  # (the backoff's longest wait is 5 s)
     # trio's accept loop failed every 0.1 s meanwhile: said once in 10 s, without a traceback
