@@ -22,7 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from rt.http.app import App
 from rt.http.front import Front
-from rt.http.send_watch import SendWatch, cut_connections
+from rt.http.send_watch import SendWatch
 from rt.http.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ async def serve(
             nursery.start_soon(front.watch_scheduler)
             binds = await nursery.start(run_hypercorn)
             port = int(binds[0].rsplit(":", 1)[1])
-            nursery.start_soon(_cut_when_stuck, done, port)
+            nursery.start_soon(_cut_when_stuck, done, sends, port)
             nursery.start_soon(sends.run, port)
             task_status.started(binds[0])
     finally:
@@ -115,12 +115,16 @@ class Throttle(logging.Filter):
         return True
 
 
-async def _cut_when_stuck(done: trio.Event, port: int) -> None:
+async def _cut_when_stuck(done: trio.Event, sends: SendWatch, port: int) -> None:
     try:
         await trio.sleep_forever()
     finally:  # the stop: hypercorn has CUT_AFTER_S to let its connections go
         with trio.move_on_after(CUT_AFTER_S, shield=True):
             await done.wait()
         if not done.is_set():
-            cut = cut_connections(port)
+            try:
+                cut = sends.cut_all(port)
+            except OSError as err:  # out of fds even with the spare
+                log.warning("could not cut the connections still open: %s", err)
+                return
             log.warning("%d connection(s) still open %g s into the stop: cut", cut, CUT_AFTER_S)

@@ -6,6 +6,7 @@ exited 1. Now the start is tried again, uncounted, until fds come back."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -91,4 +92,55 @@ async def restart_while_out_of_fds(server: Server) -> None:
     # trio's accept loop failed every 0.1 s meanwhile: said once in 10 s, without a traceback
     accept_failures = [line for line in server.log if "trio.serve_listeners" in line]
     assert 1 <= len(accept_failures) <= 3, accept_failures
+    assert not [line for line in server.log if "Traceback" in line]
+
+
+def stop_reading(port: int) -> socket.socket:
+    """A streaming /generate whose client never reads: 8 prompts of big events
+    (20 top logprobs each) fill a small receive buffer and the server's at once."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.connect(("127.0.0.1", port))
+    params = {"max_new_tokens": 400, "ignore_eos": True}
+    data = json.dumps(
+        {
+            "text": ["In the beginning"] * 8,
+            "sampling_params": params,
+            "stream": True,
+            "return_logprob": True,
+            "top_logprobs_num": 20,
+            "return_text_in_logprobs": True,
+        }
+    ).encode()
+    head = f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n"
+    sock.sendall(head.encode() + data)
+    return sock
+
+
+async def test_a_client_that_stops_reading_is_cut_while_the_server_is_out_of_fds() -> None:
+    """--send-timeout finds a stuck client's connection by a scan of /proc/self/fd,
+    which takes an fd of its own: at the limit that raised EMFILE out of the
+    server (exit 1), just when cutting the client would give an fd back."""
+    with running_server("--load-format=null", "--send-timeout=2", fd_limit=LIMIT) as server:
+        stuck = stop_reading(server.port)
+        fillers: list[socket.socket] = []
+        try:
+            with trio.fail_after(30):
+                while not server.info()["requests_in_flight"]:
+                    await trio.sleep(0.1)
+            fillers = fill(server.port, 2 * LIMIT)
+            with trio.fail_after(30):
+                while not [line for line in server.log if "(--send-timeout)" in line]:
+                    assert server.proc.poll() is None, "\n".join(server.log[-30:])
+                    await trio.sleep(0.2)
+            await trio.sleep(2)  # passes after the cut, still out of fds
+            assert server.proc.poll() is None, "\n".join(server.log[-30:])
+        finally:
+            for sock in [stuck, *fillers]:
+                sock.close()
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            with trio.fail_after(30):
+                while (await client.get("/health")).status_code != 200:
+                    await trio.sleep(0.3)
+        assert server.info()["requests_in_flight"] == 0
     assert not [line for line in server.log if "Traceback" in line]
