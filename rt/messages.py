@@ -112,9 +112,11 @@ class Abort(Message, frozen=True):
 
 
 class FinishNow(Message, frozen=True):
-    """A stop string matched: the scheduler finishes the request and frees its KV."""
+    """A stop string matched: the scheduler finishes the request and frees its KV;
+    with ``index``, only that sample of it (the others go on)."""
 
     rid: str
+    index: int | None = None
 
 
 class Control(Message, frozen=True):

@@ -110,6 +110,10 @@ class IncrementalDetokenizer:
     def __contains__(self, rid: str) -> bool:
         return rid in self._states
 
+    def finished(self, rid: str) -> bool:
+        """Whether open request ``rid`` has ended here (a stop string, or its last token)."""
+        return self._states[rid].finished
+
     def output_len(self, rid: str) -> int:
         """How many output tokens of open request ``rid`` this detokenizer has."""
         return self._states[rid].n_output

@@ -346,6 +346,9 @@ class Engine:
             self._deliver(record, update)
             if record.finished:
                 self._finish(record)
+            elif isinstance(delta.matched_stop, str) and delta.finish_reason == "stop":
+                # one of n samples stopped by a string, which the scheduler cannot see
+                self._queue(self._to_sched, FinishNow(record.rid, delta.index))
         for refused in msg.refused:
             self._fail(refused)
         for key, epoch, attempt in msg.gaps:
@@ -436,11 +439,10 @@ class Engine:
             self._readmit()
 
     async def watch_stalls(self) -> None:
-        """Send again a request with no news for ``stall_timeout`` (then twice as
-        long, and so on): a frame lost on its way (a bug, or a fault plan's drop)
-        would otherwise hang it for good. It is idempotent: a tokenizer tokenizes
-        it again and the table takes the first ids; the scheduler drops a rid it
-        holds, and resumes one it lost from the tokens the table holds."""
+        """Send again a request with no news for ``stall_timeout`` (then twice as long,
+        …): a frame lost on its way (a bug, a fault plan's drop) would hang it for good.
+        Idempotent: a tokenizer tokenizes it again and the table takes the first ids;
+        the scheduler drops a rid it holds, and resumes one it lost from the table's."""
         timeout = self.options.stall_timeout
         if not timeout:
             return
@@ -508,8 +510,7 @@ class Engine:
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        """A caller still answering for its requests after they left the table (an
-        HTTP response writing its last events): a drain waits for it too."""
+        """A caller answering for requests that left the table: a drain waits for it."""
         self._holds += 1
         try:
             yield

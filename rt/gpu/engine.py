@@ -72,7 +72,7 @@ class EngineCore:
         self.chunked: Req | None = None
         self.reqs: dict[str, list[Req]] = {}
         self._incoming: deque[Req] = deque()
-        self._commands: deque[tuple[str, str]] = deque()
+        self._commands: deque[tuple[str, str, int | None]] = deque()  # (what, rid, index)
         self._arrival = itertools.count()
         self._seed_rng = random.Random(config.seed)
         self._new_token_ratio = config.new_token_ratio
@@ -181,11 +181,12 @@ class EngineCore:
 
     def abort(self, rid: str) -> None:
         """Abort ``rid`` at the start of the next step (thread-safe); the step reports it."""
-        self._commands.append(("abort", rid))
+        self._commands.append(("abort", rid, None))
 
-    def finish(self, rid: str) -> None:
-        """Finish ``rid`` now, as if it had stopped (thread-safe); the next step reports it."""
-        self._commands.append(("finish", rid))
+    def finish(self, rid: str, index: int | None = None) -> None:
+        """Finish ``rid`` now, as if it had stopped (thread-safe), or only its sample
+        ``index``; the next step reports it."""
+        self._commands.append(("finish", rid, index))
 
     # ---- the step ---------------------------------------------------------------
 
@@ -413,10 +414,10 @@ class EngineCore:
         if self._commands:
             self._resolve(out)  # so that a request ends with every token it has
         while self._commands:
-            command, rid = self._commands.popleft()
+            command, rid, index = self._commands.popleft()
             reason: FinishReason = "abort" if command == "abort" else "finish"
             for req in list(self.reqs.get(rid, ())):
-                if req.finish_reason is None:
+                if req.finish_reason is None and index in (None, req.index):
                     o = ReqOutput(
                         req.rid,
                         req.index,

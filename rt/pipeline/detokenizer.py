@@ -293,7 +293,11 @@ class DetokenizerActor(Actor):
         for round_ in rounds:
             for key, item in list(round_.items()):
                 stream = self.streams.get(key)
-                if stream is None:  # closed or refused by an earlier round
+                if stream is None or self.detok.finished(key):
+                    # closed or refused by an earlier round, or ended here by a stop
+                    # string while the scheduler, which matches none, went on (a gap
+                    # that would never fill: parked, it held its frame, and every later
+                    # one, uncommitted until the whole request ended)
                     del round_[key]
                     self._release([item])
                 elif stream.parked or item.seq.token_offset > self.detok.output_len(key):

@@ -182,6 +182,10 @@ class SchedulerActor(Actor):
         ``abort`` is a no-op); only ``_admit``, on this thread, adds one."""
         rid = msg.rid
         held = rid in self.engine.reqs
+        if isinstance(msg, FinishNow) and msg.index is not None:
+            if held:  # (else ended, or resubmitted: the front resends what is left)
+                self.engine.finish(rid, msg.index)
+            return  # one sample: never a tombstone, which would drop the whole request
         if not held and isinstance(msg, Abort) and msg.if_running:
             return
         if held:

@@ -113,6 +113,18 @@ def test_abort_and_external_finish(checkpoints: dict[str, Path]) -> None:
     assert not engine.has_work
     # the rid can be reused once finished
     run_all(engine, {"running": (ps[1], greedy(2))})
+    # one of n samples (a stop string the frontend matched): the others go on
+    engine.add_request("n3", ps[1], SamplingParams(n=3, max_new_tokens=30, ignore_eos=True))
+    res = drain(engine, max_steps=3)
+    engine.finish("n3", 1)
+    res = drain(engine, results=res)
+    assert res["n3#1"]["final"].finish_reason == "finish"
+    assert 0 < len(res["n3#1"]["tokens"]) < 30
+    for key in ("n3", "n3#2"):
+        assert res[key]["final"].finish_reason == "length"
+        assert len(res[key]["tokens"]) == 30
+    assert not engine.has_work
+    engine.check_integrity()
 
 
 def test_add_request_validation(checkpoints: dict[str, Path]) -> None:

@@ -154,6 +154,43 @@ async def test_stop_strings_cut_the_text_and_free_the_request(tiny_model) -> Non
         assert (first.text, first.finish_reason) == ("", "stop")
 
 
+async def test_a_stop_string_that_ends_one_of_n_samples_leaves_the_others_alone(
+    tiny_model, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scheduler matches no stop strings: it went on with the sample the
+    detokenizer had ended, whose later tokens the detokenizer took for a lost
+    frame. It parked them (so no step frame after them was committed: under load
+    the ring filled and the server stalled) and the request was resumed, the
+    other samples with it, by a fresh prefill."""
+    budget = 200
+    sampling: dict[str, Any] = dict(
+        n=2, max_new_tokens=budget, temperature=1.0, seed=3, ignore_eos=True
+    )
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        free = await engine.generate(PROMPTS[1], **sampling)
+        texts = [c.text for c in free.choices]
+        # a stop that ends sample 0 early and sample 1 not at all (or later)
+        stop = next(
+            texts[0][i : i + 2]
+            for i in range(1, len(texts[0]) // 3)
+            if texts[0][i : i + 2] not in texts[1][: len(texts[0]) // 3 + 2]
+            and texts[0][i : i + 2].strip()
+        )
+        assert await engine.flush_cache()
+        cut = await engine.generate(PROMPTS[1], **sampling, stop=[stop])
+        first = cut.choices[0]
+        assert (first.text, first.finish_reason) == (texts[0][: texts[0].index(stop)], "stop")
+        other = cut.choices[1]
+        assert other.text == texts[1][: texts[1].index(stop)] if stop in texts[1] else texts[1]
+        with trio.fail_after(10):  # nothing of it is left in the detokenizer
+            await engine.detokenizer_stats(lambda s: s.streams == 0 and s.parked == 0)
+        # and the scheduler ended sample 0 at its stop, not at its budget: only what
+        # was generated is in the prefix cache (the prompt once, each sample's tokens)
+        idle = await engine.scheduler_stats(lambda s: s.running == s.waiting == 0 < s.cached_tokens)
+        assert idle.cached_tokens < cut.meta.prompt_tokens + budget + budget // 2, idle
+    assert not [r for r in caplog.records if "resuming" in r.getMessage()]
+
+
 async def test_bad_requests_get_clear_errors_and_hurt_nobody(tiny_model) -> None:
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
         with pytest.raises(InvalidRequestError, match="temperature"):
