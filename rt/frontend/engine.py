@@ -118,9 +118,7 @@ class Engine:
         ``options`` are sampling parameters, ``stop``, ``n``, ``logprobs``, ….
         Cancelling the awaiting task aborts the request."""
         req, user_rid = self._build(prompt, options)
-        # Held until the caller has its answer: a finished record is no longer live,
-        # and a drain that saw none live would cancel this task before it returned.
-        with self.hold():
+        with self.hold():  # till the caller has its answer (a finished record is not live)
             updates = await self._submit(req, user_rid)
             try:
                 async for item in updates:
@@ -131,12 +129,11 @@ class Engine:
                 self._leave(req.rid)
 
     def stream(self, prompt: Any = None, **options: Any) -> Stream:
-        """``async for chunk in engine.stream(...)``: the text and ids of each sequence
-        as they come (deltas). Cancelling the task that iterates aborts the request,
-        and so does leaving the loop early, once the stream is closed: at once when
-        the loop held the only reference; a stream kept in a variable, by ``async
-        with engine.stream(...) as stream:`` or ``await stream.aclose()`` (else
-        when it is collected, and a drain waits for it until then)."""
+        """``async for chunk in engine.stream(...)``: each sequence's text and ids as
+        they come (deltas). Cancelling the iterating task aborts the request, and so does
+        leaving the loop early, once the stream is closed: at once if the loop held the
+        only reference; else by ``async with engine.stream(...) as stream:``, ``await
+        stream.aclose()``, or when it is collected (a drain waits for it until then)."""
         return Stream(self, *self._build(prompt, options))
 
     def actors(self) -> tuple[ActorStatus, ...]:
@@ -187,12 +184,15 @@ class Engine:
 
     async def _control(self, op: str) -> bool:
         """Send ``op`` to the scheduler and return its answer once it applied it;
-        sent again to a successor when the scheduler restarts first."""
+        sent again to a successor when the scheduler restarts first (a pause or a
+        continue as the state is then: of two calls, the later must win)."""
         self._check_run()
         while True:
             if self._closing:
                 raise errors.EngineShutdownError("the engine is shut down")
             seq, epoch = next(self._control_seq), self._epoch
+            if op in ("pause", "continue"):
+                op = "pause" if self._paused else "continue"
             self._queue(self._to_sched, Control(op, seq))
             stats = await self._stats.wait(functools.partial(self._answered, seq, epoch))
             if stats.control >= seq:

@@ -255,7 +255,11 @@ class SchedulerActor(Actor):
             elif msg.op == "continue":
                 self.paused = False
             elif msg.op == "flush_cache":
-                # as SGLang's: only with no request in the scheduler (their KV is in the tree)
+                # as SGLang's: only with no request in the scheduler (their KV is in the tree);
+                # finishes and aborts that came before it are applied first
+                if self.engine.has_commands:
+                    out = self.engine.apply_commands()
+                    await send(ctx.outbox[OUT], self._frame(out, self._stats()))
                 ok = not (self.engine.reqs or self.engine.has_work or self.incoming)
                 if ok:
                     freed = self.engine.flush_cache()

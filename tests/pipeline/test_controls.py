@@ -227,3 +227,38 @@ async def test_a_request_that_comes_while_paused_is_reported(tiny_model) -> None
         with trio.fail_after(30):
             await reader.done.wait()
         assert len(reader.ids) == GREEDY["max_new_tokens"]
+
+
+async def test_of_a_pause_and_a_continue_both_resent_to_a_new_scheduler_the_later_wins(
+    tiny_model,
+) -> None:
+    """Both calls wait on a stopped scheduler, which is then killed: each used to
+    send its own op again to the successor, in the order trio woke them (at
+    random), so the pause could land last: paused for good, /health 200."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        for _ in range(3):  # (each trial's wake order is a coin flip)
+            (scheduler,) = [a for a in engine.actors() if a.name == "scheduler"]
+            os.kill(scheduler.pid or 0, signal.SIGSTOP)
+            async with trio.open_nursery() as n:
+                n.start_soon(engine.pause_generation)
+                await trio.sleep(0.05)
+                n.start_soon(engine.continue_generation)
+                await trio.sleep(0.05)
+                os.kill(scheduler.pid or 0, signal.SIGKILL)
+            assert not engine.paused
+            with trio.fail_after(30):
+                out = await engine.generate(PROMPT, **GREEDY)
+            assert len(out.output_ids) == GREEDY["max_new_tokens"]
+            assert not (await engine.scheduler_stats()).paused
+
+
+async def test_a_flush_right_after_a_stop_string_finds_the_request_gone(tiny_model) -> None:
+    """The frontend's FinishNow for a stop string comes before the flush; the
+    flush was judged before the finish was applied: 400 "requests running"."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        text = (await engine.generate(PROMPT, **LONG)).text
+        stop = text[20:23]
+        for _ in range(5):
+            out = await engine.generate(PROMPT, **LONG, stop=[stop])
+            assert out.finish_reason == "stop"
+            assert await engine.flush_cache() is True
