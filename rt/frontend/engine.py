@@ -50,7 +50,7 @@ from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
 from rt.frontend.tokenizer_queues import TokenizerQueues
-from rt.frontend.wiring import SCHEDULER, supervisor_spec
+from rt.frontend.wiring import SCHEDULER, can_serve, supervisor_spec
 from rt.groups import made_of, only, raise_as_is
 from rt.messages import (
     Abort,
@@ -96,7 +96,6 @@ class Engine:
         self._from_detok = in_("detok-front")
         self._control_send, self._control_recv = trio.open_memory_channel[tuple[Out, Any]](math.inf)
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
-        self._round_robin = itertools.count()
         self._closing = False  # the rings are closing: nothing more is sent
         self.refusing = False  # a drain: new requests are refused, the rest goes on
         self._holds = 0  # callers answering for requests that left the table (hold())
@@ -231,9 +230,8 @@ class Engine:
         self.table.add(req, user_rid, self._epoch)
         send, receive = trio.open_memory_channel[Update | Refused](math.inf)
         self._waiters[req.rid] = send
-        worker = next(self._round_robin) % len(self._to_tok)
         try:
-            await self._to_tokenizer(worker, req)
+            await self._to_tokenizer(req)
         except BaseException:  # cancelled while waiting for the ring: the request never left
             self.table.remove(req.rid)
             self._waiters.pop(req.rid, None)
@@ -241,12 +239,13 @@ class Engine:
         return receive
 
     async def _wait_healthy(self) -> None:
-        """A new request waits while an actor restarts, at most ``restart_wait_timeout``."""
-        if self._sup.status().healthy:
-            return
-        timeout = self.options.restart_wait_timeout
+        """A new request waits while the scheduler, the detokenizer or every tokenizer
+        worker restarts or is silent (see can_serve), at most ``restart_wait_timeout``."""
+        timeout, workers = self.options.restart_wait_timeout, len(self._to_tok)
         with trio.move_on_after(timeout):
-            await self._sup.wait_for(lambda status: status.healthy)
+            while not can_serve(self._sup.status(), workers):  # (silence is no news: polled)
+                with trio.move_on_after(0.5):
+                    await self._sup.wait_for(lambda status: can_serve(status, workers))
             return
         down = [a.name for a in self._sup.status().actors if a.state is not ActorState.RUNNING]
         raise errors.ServiceUnavailableError(
@@ -255,8 +254,7 @@ class Engine:
         )
 
     def _leave(self, rid: str) -> None:
-        """The caller is done with ``rid``: it leaves the table, and if it had not
-        finished (cancellation, an error, an abandoned stream) it is aborted."""
+        """The caller is done with ``rid``: it leaves the table, aborted if unfinished."""
         record = self.table.remove(rid)
         waiter = self._waiters.pop(rid, None)
         if waiter is not None:
@@ -303,14 +301,14 @@ class Engine:
                 record.progress_at = time.monotonic()
                 self._open_streams(record)
                 if record.sent_epoch != self._epoch and not record.held:
-                    # The scheduler restarted after it may have taken this request in but
-                    # before these ids reached the table, so the restart could not
-                    # resubmit it: do it now (a duplicate is recognised by rid).
+                    # the scheduler restarted after it may have taken it in, before these ids
+                    # came: the restart could not resubmit it (a duplicate is known by rid)
                     self._resubmit(record)
             elif isinstance(msg, Refused):
                 self._fail(msg)
 
-    async def _to_tokenizer(self, worker: int, req: GenerateRequest) -> None:
+    async def _to_tokenizer(self, req: GenerateRequest) -> None:
+        worker = self._tok_queues.choose(self._sup.status)  # (a live one, in turn)
         self._tok_queues.sending(req.rid)  # (waiting for room: watch_stalls leaves it)
         try:
             await self._to_tok[worker].send(req, patient=False)
@@ -326,8 +324,7 @@ class Engine:
             if isinstance(msg, StreamDeltas):
                 self._on_deltas(msg)
             elif isinstance(msg, DetokenizerUp) and msg.incarnation > 1:
-                # Everything its predecessor sent came before this frame and is handled:
-                # the successor rebuilds every live stream from what the table holds.
+                # all its predecessor sent is handled: rebuild every live stream from the table
                 log.warning("detokenizer restarted (incarnation %d)", msg.incarnation)
                 for record in self.table.live():
                     self._open_streams(record)
@@ -403,8 +400,15 @@ class Engine:
 
     # ---- recovery ------------------------------------------------------------------
 
+    def _tell_pause(self) -> None:
+        """Tell a restarted scheduler, which starts paused, whether to stay so."""
+        op = "pause" if self._paused else "continue"
+        self._queue(self._to_sched, Control(op, next(self._control_seq)))
+
     async def watch_scheduler(self) -> None:
         """Each new scheduler incarnation is a new epoch (see the module docstring)."""
+        if self._epoch > 1:  # restarted before this engine was made
+            self._tell_pause()
         while True:
             status = await self._sup.wait_for(
                 lambda s: (
@@ -428,8 +432,7 @@ class Engine:
                 )
             self.table.new_epoch(self._epoch)
             self._stats.poke()  # controls waiting for the dead scheduler's answer resend
-            if self._paused:
-                self._queue(self._to_sched, Control("pause", next(self._control_seq)))
+            self._tell_pause()
             for record in self.table.live():
                 self._open_streams(record)
                 if record.held:
@@ -466,7 +469,7 @@ class Engine:
                 if record.input_ids is None:  # lost before its ids came back: tokenize again
                     # (from here, not queued: a full tokenizer ring must not hold up controls)
                     try:
-                        await self._to_tokenizer(record.redrives % len(self._to_tok), record.req)
+                        await self._to_tokenizer(record.req)
                     except errors.RequestError as err:  # /dev/shm full: refused alone
                         self._fail(Refused(record.rid, type(err).__name__, str(err)))
                 else:
@@ -557,15 +560,12 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     In the main thread, SIGTERM, SIGINT and SIGHUP stop the engine gracefully: new
     requests are refused (EngineShutdownError), those in flight get up to
     ``drain_timeout`` seconds to finish (a second signal: none), those left then
-    fail with EngineShutdownError (escaping the body, it ends it as the stop
-    would), then the body is cancelled and the
-    ``async with`` exits normally, with every process stopped and every segment
-    unlinked; ``engine.stopped_by`` names the signal (rt/frontend/drain.py)."""
+    fail with EngineShutdownError (escaping the body, it ends it as the stop would),
+    then the body is cancelled and the ``async with`` exits normally, with every process
+    stopped and every segment unlinked; ``engine.stopped_by`` names the signal."""
     opts = EngineOptions.build(model_path=model_path, **options)
-    spec = supervisor_spec(opts)
-    plan = opts.fault_plan
-    if isinstance(plan, str):
-        plan = FaultPlan.load(plan)
+    spec, plan = supervisor_spec(opts), opts.fault_plan
+    plan = FaultPlan.load(plan) if isinstance(plan, str) else plan
     raised: list[BaseException] = []  # by the body of the ``async with``
     try:
         async with open_supervisor(spec, fault_plan=plan) as supervisor:

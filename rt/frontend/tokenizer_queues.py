@@ -11,16 +11,32 @@ waiting for room to be sent in (a full ring, a full /dev/shm, no fd) is late.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable
+
+from rt.actors import SupervisorStatus
+from rt.frontend.wiring import live_tokenizers
 
 
 class TokenizerQueues:
     def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._turn = itertools.count()
         self._sent = [0] * workers  # frames sent to each tokenizer
         self._answered = [0] * workers  # the number of the latest one it answered
         self._news_at = [time.monotonic()] * workers  # when it last answered
         self._of: dict[str, tuple[int, int]] = {}  # rid → (tokenizer, number) of its send
         self._sending: set[str] = set()  # waiting for room (a full ring, /dev/shm, fds)
+
+    def choose(self, status: Callable[[], SupervisorStatus]) -> int:
+        """The next worker in turn that is alive (any in turn, if none is): requests
+        go around one that is stopped, stuck or restarting."""
+        turn = next(self._turn)
+        if self._workers == 1:
+            return 0
+        live = live_tokenizers(status(), self._workers)
+        return min(live, key=lambda i: (i - turn) % self._workers, default=turn % self._workers)
 
     def sending(self, rid: str) -> None:
         """``rid`` waits for room in a ring: late, not lost."""

@@ -10,7 +10,7 @@ for one: a child's death restarts it alone.
 
 from __future__ import annotations
 
-from rt.actors import ActorSpec, RingDecl, Strategy, SupervisorSpec
+from rt.actors import ActorSpec, ActorState, RingDecl, Strategy, SupervisorSpec, SupervisorStatus
 from rt.actors.affinity import split_cpus
 from rt.config import EngineOptions
 from rt.pipeline.detokenizer import DetokenizerActor
@@ -22,6 +22,28 @@ SCHEDULER, DETOKENIZER = "scheduler", "detokenizer"
 
 def tokenizer_name(i: int) -> str:
     return f"tokenizer{i}"
+
+
+def live_tokenizers(status: SupervisorStatus, workers: int) -> list[int]:
+    """The tokenizer workers running and showing signs of life (a beat within
+    SILENT_AFTER_S): a stopped or stuck one would hold what is sent to it."""
+    silent = {a.name for a in status.silent()}
+    return [
+        i
+        for i in range(workers)
+        if status.actor(tokenizer_name(i)).state is ActorState.RUNNING
+        and tokenizer_name(i) not in silent
+    ]
+
+
+def can_serve(status: SupervisorStatus, workers: int) -> bool:
+    """Whether a new request can be served now: the scheduler and the detokenizer
+    running, and one tokenizer worker at least alive (the others may restart)."""
+    return (
+        status.running
+        and all(status.actor(name).state is ActorState.RUNNING for name in (SCHEDULER, DETOKENIZER))
+        and bool(live_tokenizers(status, workers))
+    )
 
 
 def supervisor_spec(options: EngineOptions) -> SupervisorSpec:

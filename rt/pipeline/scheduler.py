@@ -144,7 +144,9 @@ class SchedulerActor(Actor):
         self.check_s, self.checked_at = 0.0, -math.inf  # how long it took, and when
         self.reported_requests = 0  # the request records the last report counted
         self.controls: list[Control] = []  # applied between two steps, in arrival order
-        self.paused = False
+        # a successor starts paused, until the frontend says whether the operator paused
+        # generation (else it would run a few steps of a paused engine's requests first)
+        self.paused = ctx.incarnation > 1
         self.control, self.control_ok = 0, True  # the last Control applied
 
     async def run(self, ctx: ActorContext) -> None:

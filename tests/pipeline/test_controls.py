@@ -262,3 +262,36 @@ async def test_a_flush_right_after_a_stop_string_finds_the_request_gone(tiny_mod
             out = await engine.generate(PROMPT, **LONG, stop=[stop])
             assert out.finish_reason == "stop"
             assert await engine.flush_cache() is True
+
+
+async def test_a_scheduler_restarted_while_paused_runs_no_step_before_it_is_told(
+    tiny_model,
+) -> None:
+    """A successor started unpaused and ran the requests waiting in its rings for a
+    few steps before the frontend's pause reached it: tokens streamed while paused."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine, trio.open_nursery() as n:
+        want = await engine.generate(PROMPT, **GREEDY)
+        await engine.pause_generation()
+        readers = []
+        for _ in range(3):  # (the race is the successor's start against the pause)
+            (scheduler,) = [a for a in engine.actors() if a.name == "scheduler"]
+            os.kill(scheduler.pid or 0, signal.SIGSTOP)
+            for _ in range(4):  # they wait in the stopped scheduler's rings
+                readers.append(Reader(engine.stream(PROMPT, **GREEDY)))
+                n.start_soon(readers[-1].run)
+            await trio.sleep(0.3)
+            os.kill(scheduler.pid or 0, signal.SIGKILL)
+            with trio.fail_after(60):
+                await engine.supervisor.wait_for(
+                    lambda s, before=scheduler.incarnation: (
+                        s.actor("scheduler").incarnation > before
+                        and s.actor("scheduler").state is ActorState.RUNNING
+                    )
+                )
+            await trio.sleep(1.0)
+            assert [r.ids for r in readers] == [[]] * len(readers)
+        await engine.continue_generation()
+        with trio.fail_after(30):
+            for reader in readers:
+                await reader.done.wait()
+        assert all(r.ids == list(want.output_ids) for r in readers)

@@ -453,6 +453,28 @@ async def test_two_tokenizer_workers_n_samples_logprobs_and_stop_tokens(tiny_mod
         assert (cut.finish_reason, cut.matched_stop) == ("stop", stop_id)
 
 
+async def test_requests_go_around_a_tokenizer_worker_that_shows_no_sign_of_life(
+    tiny_model,
+) -> None:
+    """With a worker stopped (SIGSTOP: a hung process), every other request went
+    to it and waited for the stall watch (10 s, then again to the same worker);
+    once it is silent for SILENT_AFTER_S, the running workers take them all."""
+    async with rt.open_engine(str(tiny_model), tokenizer_workers=2, **OPTIONS) as engine:
+        pid = engine.supervisor.status().actor("tokenizer1").pid or 0
+        want = await engine.generate(PROMPTS[0], max_new_tokens=4, temperature=0.0)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with trio.fail_after(30):
+                while "tokenizer1" not in {a.name for a in engine.supervisor.status().silent()}:
+                    await trio.sleep(0.2)
+            with trio.fail_after(8):  # (each waited 10 s or more when it was sent there)
+                for _ in range(4):
+                    out = await engine.generate(PROMPTS[0], max_new_tokens=4, temperature=0.0)
+                    assert out.output_ids == want.output_ids
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
 async def test_bad_options_are_refused_before_anything_starts(tiny_model) -> None:
     with pytest.raises(rt.errors.ConfigError, match="page_size"):
         async with rt.open_engine(str(tiny_model), page_size=0):
