@@ -529,7 +529,7 @@ class Supervisor:
             if member is not failed and member.spec.restart is Restart.TEMPORARY:
                 member.state = ActorState.STOPPED
                 continue
-            if not (retry and member is failed):
+            if not retry:  # (the group's restart goes on: counted once)
                 member.restart_count += 1
             await self._start(member)
 

@@ -82,26 +82,24 @@ class SendWatch:
 
     async def run(self, port: int) -> None:
         every = min(1.0, self.timeout_s / 4)
-        try:
-            while True:
-                await trio.sleep(every)
-                try:
-                    cut = self.check(port, trio.current_time(), every)
-                except OSError as err:  # (out of fds even with the spare): the next pass
-                    if time.monotonic() - self._failed_at >= FAILURE_LOG_EVERY_S:
-                        self._failed_at = time.monotonic()
-                        log.warning("cannot look at clients' connections: %s", err)
-                    continue
-                if cut:
-                    self.cut += cut
-                    log.warning(
-                        "%d client(s) took nothing of a write for %g s (--send-timeout): "
-                        "cut, their requests aborted",
-                        cut,
-                        self.timeout_s,
-                    )
-        finally:
-            self._spare.close()
+        self._spare.take()  # (given back by close(), after the stop's cut_all)
+        while True:
+            await trio.sleep(every)
+            try:
+                cut = self.check(port, trio.current_time(), every)
+            except OSError as err:  # (out of fds even with the spare): the next pass
+                if time.monotonic() - self._failed_at >= FAILURE_LOG_EVERY_S:
+                    self._failed_at = time.monotonic()
+                    log.warning("cannot look at clients' connections: %s", err)
+                continue
+            if cut:
+                self.cut += cut
+                log.warning(
+                    "%d client(s) took nothing of a write for %g s (--send-timeout): "
+                    "cut, their requests aborted",
+                    cut,
+                    self.timeout_s,
+                )
 
     def check(self, port: int, now: float, every: float) -> int:
         """One pass: the connections it cut."""
@@ -131,9 +129,9 @@ class SendWatch:
 
     def cut_all(self, port: int) -> int:
         """Shut down every TCP connection of this process accepted on ``port``;
-        returns how many (at the stop: the spare is not needed again)."""
-        self._spare.close()
-        fds = connection_fds(port)
+        returns how many."""
+        with self._spare.freed():
+            fds = connection_fds(port)
         cut = 0
         for fd in fds.values():
             with borrowed(fd) as sock:
@@ -141,27 +139,34 @@ class SendWatch:
                     cut += shut_down(sock)
         return cut
 
+    def close(self) -> None:
+        """Give back the spare fd (after the stop)."""
+        self._spare.close()
+
 
 class Spare:
     """One fd held in reserve (/dev/null), let go while a scan needs one."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
-        self._take()
 
-    def _take(self) -> None:
-        try:
-            self._fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._fd = None  # out of fds already: taken again after the next scan
+    def take(self) -> None:
+        if self._fd is None:
+            try:
+                self._fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._fd = None  # out of fds already: taken again after the next scan
 
     @contextlib.contextmanager
     def freed(self) -> Iterator[None]:
+        """Let the spare go for the body (taken again after, if one was held)."""
+        held = self._fd is not None
         self.close()
         try:
             yield
         finally:
-            self._take()
+            if held:
+                self.take()
 
     def close(self) -> None:
         if self._fd is not None:

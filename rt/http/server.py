@@ -89,6 +89,7 @@ async def serve(
             task_status.started(binds[0])
     finally:
         accept_errors.removeFilter(quiet)
+        sends.close()
 
 
 class Throttle(logging.Filter):

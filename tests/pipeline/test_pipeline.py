@@ -162,7 +162,7 @@ async def test_a_stop_string_that_ends_one_of_n_samples_leaves_the_others_alone(
     frame. It parked them (so no step frame after them was committed: under load
     the ring filled and the server stalled) and the request was resumed, the
     other samples with it, by a fresh prefill."""
-    budget = 200
+    budget = 400
     sampling: dict[str, Any] = dict(
         n=2, max_new_tokens=budget, temperature=1.0, seed=3, ignore_eos=True
     )
@@ -181,13 +181,15 @@ async def test_a_stop_string_that_ends_one_of_n_samples_leaves_the_others_alone(
         first = cut.choices[0]
         assert (first.text, first.finish_reason) == (texts[0][: texts[0].index(stop)], "stop")
         other = cut.choices[1]
-        assert other.text == texts[1][: texts[1].index(stop)] if stop in texts[1] else texts[1]
+        assert other.text == (texts[1][: texts[1].index(stop)] if stop in texts[1] else texts[1])
         with trio.fail_after(10):  # nothing of it is left in the detokenizer
             await engine.detokenizer_stats(lambda s: s.streams == 0 and s.parked == 0)
         # and the scheduler ended sample 0 at its stop, not at its budget: only what
         # was generated is in the prefix cache (the prompt once, each sample's tokens)
         idle = await engine.scheduler_stats(lambda s: s.running == s.waiting == 0 < s.cached_tokens)
-        assert idle.cached_tokens < cut.meta.prompt_tokens + budget + budget // 2, idle
+        made_after_a_stop = idle.cached_tokens - cut.meta.prompt_tokens - cut.meta.completion_tokens
+        # (sample 0 ran on while sample 1 did, before; a loaded machine's lag is far less)
+        assert made_after_a_stop < (len(other.output_ids) - len(first.output_ids)) // 2, idle
     assert not [r for r in caplog.records if "resuming" in r.getMessage()]
 
 
