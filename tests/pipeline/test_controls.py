@@ -50,6 +50,17 @@ class Reader:
         return len(self.ids) == before and not self.done.is_set()
 
 
+async def restarted(engine: rt.Engine, before: int) -> None:
+    """Wait until a scheduler past incarnation ``before`` runs."""
+    with trio.fail_after(60):
+        await engine.supervisor.wait_for(
+            lambda s: (
+                s.actor("scheduler").incarnation > before
+                and s.actor("scheduler").state is ActorState.RUNNING
+            )
+        )
+
+
 async def test_flush_cache_drops_cached_prefixes_only_when_idle(tiny_model) -> None:
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
         await engine.generate(PROMPT, **GREEDY)
@@ -124,13 +135,8 @@ async def test_a_restarted_scheduler_stays_paused_and_its_deaths_are_not_the_req
         for _ in range(engine.options.max_crashes_per_request):
             (scheduler,) = [a for a in engine.actors() if a.name == "scheduler"]
             os.kill(scheduler.pid or 0, signal.SIGKILL)
+            await restarted(engine, scheduler.incarnation)
             with trio.fail_after(60):
-                await engine.supervisor.wait_for(
-                    lambda s, before=scheduler.incarnation: (
-                        s.actor("scheduler").incarnation > before
-                        and s.actor("scheduler").state is ActorState.RUNNING
-                    )
-                )
                 await engine.scheduler_stats(lambda s: s.paused and s.requests == 1)
         assert await reader.still(1.0)
         assert engine.supervisor.status().actor("scheduler").request_crashes == 0
@@ -281,13 +287,7 @@ async def test_a_scheduler_restarted_while_paused_runs_no_step_before_it_is_told
                 n.start_soon(readers[-1].run)
             await trio.sleep(0.3)
             os.kill(scheduler.pid or 0, signal.SIGKILL)
-            with trio.fail_after(60):
-                await engine.supervisor.wait_for(
-                    lambda s, before=scheduler.incarnation: (
-                        s.actor("scheduler").incarnation > before
-                        and s.actor("scheduler").state is ActorState.RUNNING
-                    )
-                )
+            await restarted(engine, scheduler.incarnation)
             await trio.sleep(1.0)
             assert [r.ids for r in readers] == [[]] * len(readers)
         await engine.continue_generation()
