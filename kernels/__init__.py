@@ -32,3 +32,25 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 def interpreted() -> bool:
     """Whether the kernels run under Triton's interpreter (on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_type() -> str:
+    """The device the kernels take tensors on in this process: 'cpu' under the
+    interpreter, else 'cuda' (they were compiled for the GPU)."""
+    return "cpu" if interpreted() else "cuda"
+
+
+def why_not_on(device: torch.device | str) -> str | None:
+    """Why the kernels cannot run on ``device``'s tensors in this process (None: they can).
+    The interpreter is chosen once, when this package is first imported: without CUDA
+    (or with TRITON_INTERPRET=1 set before) the kernels take CPU tensors, else CUDA ones."""
+    kind = torch.device(device).type
+    if kind == device_type():
+        return None
+    if kind == "cpu":
+        return (
+            "on a machine with CUDA the kernels are compiled for the GPU, and CPU tensors "
+            "need Triton's interpreter (TRITON_INTERPRET=1 in the environment before the "
+            "process starts): use device 'cuda', or attention_backend 'torch' on the CPU"
+        )
+    return f"the kernels run under Triton's interpreter here, on CPU tensors, not {kind!r} ones"

@@ -57,7 +57,7 @@ class EngineOptions(BaseModel):
     schedule_policy: Literal["fcfs", "lpm", "priority"] = "fcfs"
     enable_prefix_cache: bool = True
     attention_backend: Literal["torch", "triton", "flashinfer"] | None = Field(
-        None, description="None: torch, or triton when deterministic"
+        None, description="None: triton on CUDA or when deterministic, else torch"
     )
     deterministic: bool = Field(
         False,

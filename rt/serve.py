@@ -128,7 +128,8 @@ ENGINE_FLAGS = (
         "--attention-backend",
         "attention_backend",
         str,
-        "torch (reference), triton (Triton kernels; interpreted on CPU), flashinfer (CUDA)",
+        "torch (reference; the CPU's default), triton (Triton kernels; CUDA's default, "
+        "interpreted on CPU), flashinfer (CUDA)",
         ("torch", "triton", "flashinfer"),
     ),
     Flag(

@@ -27,7 +27,7 @@ class EngineConfig:
     load_format: str = "auto"
     dtype: str = "float32"
     device: str = "cpu"
-    # None: "torch", or "triton" when deterministic
+    # None: "triton" on CUDA or when deterministic, else "torch"
     attention_backend: str | None = None
     # batch-invariant kernels (fixed reduction orders and split sizes): a request's logits
     # depend neither on the rest of the batch nor on prefill vs decode of its prefix
@@ -83,7 +83,9 @@ class EngineConfig:
         """The attention backend in effect."""
         if self.attention_backend is not None:
             return self.attention_backend
-        return "triton" if self.deterministic else "torch"
+        # on CUDA the kernels (with CUDA graphs and overlap scheduling); on the CPU the
+        # torch reference, which runs there without Triton's interpreter
+        return "triton" if self.deterministic or self.device.startswith("cuda") else "torch"
 
     @property
     def use_overlap(self) -> bool:
@@ -109,10 +111,10 @@ class EngineConfig:
         """Why decode cannot run through torch.compile here (None: it can)."""
         if self.load_format == "null":
             return "the null model runs no forward pass"
-        if self.backend != "torch":
-            return f"it needs attention_backend='torch', not {self.backend!r}"
         if self.device != "cpu":
             return f"it is for the CPU, not {self.device!r} (CUDA replays CUDA graphs)"
+        if self.backend != "torch":
+            return f"it needs attention_backend='torch', not {self.backend!r}"
         return None
 
     @property

@@ -8,8 +8,12 @@ from typing import Any
 
 import torch
 
+from kernels import device_type
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
 
+# where the triton backend's kernels take tensors in this process: the CPU (under
+# Triton's interpreter) without CUDA, as in CI; the GPU on a machine with CUDA
+KERNELS_DEVICE = device_type()
 VOCAB = 256
 COMMON: dict[str, Any] = dict(
     vocab_size=VOCAB,
@@ -101,6 +105,9 @@ def prompts(n: int, lengths: Iterable[int], seed: int = 0) -> list[list[int]]:
 
 
 def make_engine(path: Path | None = None, **kwargs: Any) -> EngineCore:
+    """An engine on the CPU, or where the kernels run (KERNELS_DEVICE) when it uses them."""
+    if kwargs.get("attention_backend") == "triton" or kwargs.get("deterministic"):
+        kwargs.setdefault("device", KERNELS_DEVICE)
     kwargs.setdefault("max_total_tokens", 4096)
     kwargs.setdefault("max_running_requests", 32)
     return EngineCore(EngineConfig(model_path=path, **kwargs))

@@ -2,6 +2,7 @@
 
 On the CPU the kernels run under Triton's interpreter, so these use short
 prompts and few tokens; the shapes that matter for speed are the GPU bench's.
+On a machine with CUDA both backends of each comparison run on the GPU.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_testlib import greedy, make_engine, prompts, run_all
+from gpu_testlib import KERNELS_DEVICE, greedy, make_engine, prompts, run_all
 
 from rt.assets import default_model_path
 from rt.errors import ConfigError
@@ -34,7 +35,11 @@ def test_triton_greedy_equals_torch(checkpoints: dict[str, Path], arch: str) -> 
     out = {}
     for backend in ("torch", "triton"):
         engine = make_engine(
-            checkpoints[arch], attention_backend=backend, page_size=4, chunked_prefill_size=16
+            checkpoints[arch],
+            attention_backend=backend,
+            device=KERNELS_DEVICE,
+            page_size=4,
+            chunked_prefill_size=16,
         )
         out[backend] = {rid: r["tokens"] for rid, r in run_all(engine, reqs).items()}
     assert out["triton"] == out["torch"]
@@ -51,7 +56,7 @@ def test_triton_decode_over_several_splits_equals_torch(
         {
             rid: r["tokens"]
             for rid, r in run_all(
-                make_engine(checkpoints["llama"], attention_backend=b), reqs
+                make_engine(checkpoints["llama"], attention_backend=b, device=KERNELS_DEVICE), reqs
             ).items()
         }
         for b in ("torch", "triton")
@@ -66,7 +71,7 @@ def test_triton_on_the_default_model_equals_torch() -> None:
         {
             rid: r["tokens"]
             for rid, r in run_all(
-                make_engine(default_model_path(), attention_backend=b), reqs
+                make_engine(default_model_path(), attention_backend=b, device=KERNELS_DEVICE), reqs
             ).items()
         }
         for b in ("torch", "triton")
@@ -92,7 +97,7 @@ def test_triton_seeded_sampling_draws_the_torch_tokens(checkpoints: dict[str, Pa
         {
             rid: r["tokens"]
             for rid, r in run_all(
-                make_engine(checkpoints["qwen2"], attention_backend=b), reqs
+                make_engine(checkpoints["qwen2"], attention_backend=b, device=KERNELS_DEVICE), reqs
             ).items()
         }
         for b in ("torch", "triton")
@@ -173,3 +178,16 @@ def test_deterministic_on_cuda_in_bfloat16(checkpoints: dict[str, Path]) -> None
     reqs["x"] = (target, params)
     batched = run_all(make_engine(path, chunked_prefill_size=64, **kwargs), reqs)["x"]
     assert _logprob_trace(batched) == _logprob_trace(alone)
+
+
+def test_the_triton_backend_on_cpu_tensors_needs_the_interpreter(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where CUDA is present the kernels are compiled for the GPU (as if not interpreted
+    here): the triton backend on the CPU is a ConfigError that says what to do, not a
+    failure inside the first kernel launched."""
+    import kernels
+
+    monkeypatch.setattr(kernels, "interpreted", lambda: False)
+    with pytest.raises(ConfigError, match=r"TRITON_INTERPRET=1.*attention_backend 'torch'"):
+        make_engine(checkpoints["llama"], attention_backend="triton", device="cpu")

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from kernels import device_type
 from kernels.extend_attention import extend_attention, extend_attention_ref
 from rt.gpu.attention.torch_backend import TorchAttention
 from rt.gpu.forward_batch import ForwardBatch
@@ -14,6 +15,7 @@ from rt.gpu.kv_pool import KVPool
 # cached prefix, and a decode step
 SEQS = [(0, 1), (0, 7), (0, 33), (20, 5), (40, 1)]
 MAX_CONTEXT = 64
+DEVICE = torch.device(device_type())
 # (atol, rtol) against a float32-softmax reference
 TOLERANCES = {
     torch.float32: (1e-5, 1e-5),
@@ -63,15 +65,17 @@ def _batch(
     torch.manual_seed(seed)
     if transposed:  # a [num_slots, num_kv_heads, head_dim] pool viewed head-major
         k_buf, v_buf = (
-            torch.randn(num_slots, num_kv_heads, head_dim).to(dtype).transpose(0, 1)
+            torch.randn(num_slots, num_kv_heads, head_dim).to(DEVICE, dtype).transpose(0, 1)
             for _ in range(2)
         )
     else:
-        k_buf, v_buf = (torch.randn(num_kv_heads, num_slots, head_dim).to(dtype) for _ in range(2))
-    q = torch.randn(sum(e for _, e in seqs), num_heads, head_dim).to(dtype)
-    prefix_lens = torch.tensor([p for p, _ in seqs], dtype=index_dtype)
-    extend_lens = torch.tensor([e for _, e in seqs], dtype=index_dtype)
-    return q, k_buf, v_buf, table, rows.to(index_dtype), prefix_lens, extend_lens
+        k_buf, v_buf = (
+            torch.randn(num_kv_heads, num_slots, head_dim).to(DEVICE, dtype) for _ in range(2)
+        )
+    q = torch.randn(sum(e for _, e in seqs), num_heads, head_dim).to(DEVICE, dtype)
+    prefix_lens = torch.tensor([p for p, _ in seqs], dtype=index_dtype, device=DEVICE)
+    extend_lens = torch.tensor([e for _, e in seqs], dtype=index_dtype, device=DEVICE)
+    return q, k_buf, v_buf, table.to(DEVICE), rows.to(DEVICE, index_dtype), prefix_lens, extend_lens
 
 
 @pytest.mark.parametrize(
@@ -111,11 +115,12 @@ def test_extend_attention_matches_torch_backend(dtype: torch.dtype, window: int 
     """Against the engine's reference on a real KVPool and ForwardBatch."""
     num_heads, num_kv_heads, head_dim, page_size = 4, 2, 32, 16
     table, rows, num_slots = _slot_table(SEQS, page_size, torch.int64, 0, seed=1)
-    pool = KVPool(num_slots // page_size, page_size, 1, num_kv_heads, head_dim, dtype, "cpu")
+    table, rows = table.to(DEVICE), rows.to(DEVICE)
+    pool = KVPool(num_slots // page_size, page_size, 1, num_kv_heads, head_dim, dtype, DEVICE)
     torch.manual_seed(1)
     pool.k.copy_(torch.randn(pool.k.shape))
     pool.v.copy_(torch.randn(pool.v.shape))
-    positions = torch.cat([torch.arange(p, p + e) for p, e in SEQS])
+    positions = torch.cat([torch.arange(p, p + e) for p, e in SEQS]).to(DEVICE)
     out_cache_loc = torch.cat(
         [table[row, p : p + e] for row, (p, e) in zip(rows.tolist(), SEQS, strict=True)]
     )
@@ -126,10 +131,10 @@ def test_extend_attention_matches_torch_backend(dtype: torch.dtype, window: int 
         req_rows=rows,
         prefix_lens=[p for p, _ in SEQS],
         extend_lens=[e for _, e in SEQS],
-        sample_indices=torch.cumsum(torch.tensor([e for _, e in SEQS]), 0) - 1,
+        sample_indices=torch.cumsum(torch.tensor([e for _, e in SEQS], device=DEVICE), 0) - 1,
     )
-    q = torch.randn(len(positions), num_heads, head_dim).to(dtype)
-    k, v = (torch.randn(len(positions), num_kv_heads, head_dim).to(dtype) for _ in range(2))
+    q = torch.randn(len(positions), num_heads, head_dim).to(DEVICE, dtype)
+    k, v = (torch.randn(len(positions), num_kv_heads, head_dim).to(DEVICE, dtype) for _ in range(2))
     backend = TorchAttention(pool, table, [window])
     backend.prepare(batch)
     expected = backend.forward(0, q, k, v)  # stores k, v into the pool first
@@ -140,8 +145,8 @@ def test_extend_attention_matches_torch_backend(dtype: torch.dtype, window: int 
         pool.v[0],
         table,
         rows,
-        torch.tensor(batch.prefix_lens),
-        torch.tensor(batch.extend_lens),
+        torch.tensor(batch.prefix_lens, device=DEVICE),
+        torch.tensor(batch.extend_lens, device=DEVICE),
         head_dim**-0.5,
         window,
     )
@@ -169,7 +174,8 @@ def test_extend_attention_is_batch_invariant(
     alone = extend_attention(
         q[start : start + 17], k_buf, v_buf, table, rows[a:a + 1], prefix_lens[a:a + 1],
         extend_lens[a:a + 1], 0.2, window,
-        q_starts=torch.zeros(2, dtype=torch.int64), max_extend_len=48,  # an oversized grid
+        q_starts=torch.zeros(2, dtype=torch.int64, device=DEVICE),
+        max_extend_len=48,  # an oversized grid
         block_m=block_m, block_n=block_n,
     )  # fmt: skip
     assert torch.equal(alone, batched[start : start + 17])
@@ -191,8 +197,9 @@ def test_extend_attention_is_prefix_invariant(
     def extend(rows_q: slice, prefix: int) -> torch.Tensor:
         q_part = q[rows_q]
         return extend_attention(
-            q_part, k_buf, v_buf, table, rows, torch.tensor([prefix]),
-            torch.tensor([q_part.shape[0]]), 0.15, window, block_m=block_m, block_n=block_n,
+            q_part, k_buf, v_buf, table, rows, torch.tensor([prefix], device=DEVICE),
+            torch.tensor([q_part.shape[0]], device=DEVICE), 0.15, window,
+            block_m=block_m, block_n=block_n,
         )  # fmt: skip
 
     whole = extend(slice(0, 10), prefix_len)
@@ -202,7 +209,7 @@ def test_extend_attention_is_prefix_invariant(
 
 def test_extend_attention_empty_batch() -> None:
     q, k_buf, v_buf, table, _, _, _ = _batch([(0, 1)], 4, 2, 32, torch.float32)
-    empty = torch.empty(0, dtype=torch.int64)
+    empty = torch.empty(0, dtype=torch.int64, device=DEVICE)
     out = extend_attention(q[:0], k_buf, v_buf, table, empty, empty, empty, 0.1)
     assert out.shape == (0, 4, 32)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import device_type
 from kernels.rmsnorm import rms_norm, rms_norm_ref
 from rt.gpu.models.ops import TorchOps
 
@@ -14,12 +15,13 @@ from rt.gpu.models.ops import TorchOps
 # 0.4% of the value, so atol = rtol = 2e-2 holds with margin.
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
 EPS = 1e-6
+DEVICE = torch.device(device_type())
 
 
 def _inputs(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(sum(shape))
-    x = torch.randn(shape, generator=gen).mul_(3.0).to(dtype)
-    weight = (1.0 + 0.5 * torch.randn(shape[-1], generator=gen)).to(dtype)
+    x = torch.randn(shape, generator=gen).mul_(3.0).to(DEVICE, dtype)
+    weight = (1.0 + 0.5 * torch.randn(shape[-1], generator=gen)).to(DEVICE, dtype)
     return x, weight
 
 
@@ -40,7 +42,8 @@ def test_rms_norm_fused_residual_updates_residual_in_place(
     rows: int, hidden: int, dtype: torch.dtype
 ) -> None:
     x, weight = _inputs((rows, hidden), dtype)
-    residual = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(7)).to(dtype)
+    gen = torch.Generator().manual_seed(7)
+    residual = torch.randn(rows, hidden, generator=gen).to(DEVICE, dtype)
     want_out, want_h = rms_norm_ref(x, weight, EPS, residual.clone())
     atol, rtol = TOLERANCES[dtype]
     out, h = rms_norm(x, weight, EPS, residual)
@@ -70,7 +73,7 @@ def test_rms_norm_per_head_on_strided_view(dtype: torch.dtype) -> None:
 
 def test_rms_norm_ref_matches_the_model_ops() -> None:
     x, weight = _inputs((3, 96), torch.bfloat16)
-    residual = torch.randn(3, 96).to(torch.bfloat16)
+    residual = torch.randn(3, 96).to(DEVICE, torch.bfloat16)
     want = TorchOps().rms_norm(x, weight, EPS)
     torch.testing.assert_close(rms_norm_ref(x, weight, EPS), want, atol=0, rtol=0)
     want_pair = TorchOps().add_rms_norm(x, residual, weight, EPS)

@@ -13,11 +13,12 @@ import math
 import pytest
 import torch
 
+from kernels import device_type
 from kernels.sampling import sample_ref, sample_tokens, seeded_uniform_triton
 from rt.gpu.sampler import SampleRow, sample, seeded_uniform
 from rt.gpu.sampling_params import SEED_MASK, SamplingParams
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = torch.device(device_type())
 NEG_INF = float("-inf")
 # the hash's top value here (h >> 9 == 2**23 - 1): the largest uniform, 1 - 2**-24
 U_ONE_SEED, U_ONE_POSITION, U_ONE_TOKEN = SEED_MASK, 53436, 62
@@ -223,7 +224,7 @@ def test_the_largest_uniform_never_picks_a_dropped_token() -> None:
 
 
 def test_launcher_checks_dtypes_and_shapes() -> None:
-    logits, *rest = _batch(64, ROWS[:2], 5)
+    logits, *rest = (t.to(DEVICE) for t in _batch(64, ROWS[:2], 5))
     with pytest.raises(AssertionError, match="seeds"):
         sample_tokens(logits, *rest[:4], rest[4].int(), rest[5])
     with pytest.raises(AssertionError, match="top_p"):

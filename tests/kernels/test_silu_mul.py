@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import device_type
 from kernels.silu_mul import silu_and_mul, silu_and_mul_ref
 from rt.gpu.models.ops import TorchOps
 
@@ -13,11 +14,12 @@ from rt.gpu.models.ops import TorchOps
 # bfloat16: one rounding of the float32 result (ulp 2**-8 relative; the interpreter
 # truncates), against the model's silu-then-multiply, which rounds twice.
 TOLERANCES = {torch.float32: (1e-6, 1e-6), torch.bfloat16: (2e-2, 2e-2)}
+DEVICE = torch.device(device_type())
 
 
 def _gate_up(tokens: int, inter: int, dtype: torch.dtype) -> torch.Tensor:
     gen = torch.Generator().manual_seed(tokens * 1000 + inter)
-    return torch.randn(tokens, 2 * inter, generator=gen).mul_(3.0).to(dtype)
+    return torch.randn(tokens, 2 * inter, generator=gen).mul_(3.0).to(DEVICE, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -38,7 +40,7 @@ def test_silu_and_mul(tokens: int, inter: int, dtype: torch.dtype) -> None:
 def test_silu_and_mul_into_out_from_strided_rows() -> None:
     wide = _gate_up(6, 100, torch.float32)  # rows of 200 of which the first 2 * 64 are used
     x = wide[:, : 2 * 64]
-    out = torch.full((6, 64), float("nan"))
+    out = torch.full((6, 64), float("nan"), device=DEVICE)
     assert silu_and_mul(x, out) is out
     torch.testing.assert_close(out, silu_and_mul_ref(x), atol=1e-6, rtol=1e-6)
 
@@ -46,7 +48,7 @@ def test_silu_and_mul_into_out_from_strided_rows() -> None:
 def test_silu_and_mul_rejects_bad_input() -> None:
     x = _gate_up(4, 64, torch.float32)
     with pytest.raises(AssertionError, match=r"out\.shape"):
-        silu_and_mul(x, torch.empty(4, 128))
+        silu_and_mul(x, torch.empty(4, 128, device=DEVICE))
     with pytest.raises(AssertionError, match=r"x\.dtype"):
         silu_and_mul(x.double())
     with pytest.raises(AssertionError, match="must be even"):
