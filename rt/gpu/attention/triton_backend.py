@@ -33,13 +33,11 @@ class TritonAttention:
         deterministic: bool = False,
     ) -> None:
         try:
-            from kernels import decode_attention, extend_attention, kv_store
+            from kernels import decode_attention, extend_attention, kv_store, why_not_on
         except ImportError as err:  # triton missing
             raise ConfigError(
                 f"attention_backend='triton' needs the triton package (pip install 'rt[gpu]'): {err}"
             ) from err
-        from kernels import why_not_on
-
         if (why := why_not_on(req_to_token.device)) is not None:
             raise ConfigError(f"attention_backend='triton': {why}")
         self._decode, self._extend, self._store = decode_attention, extend_attention, kv_store
