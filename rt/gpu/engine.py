@@ -12,8 +12,9 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,6 +29,7 @@ from rt.gpu.sampler import PendingSample, SampleRow, child_seed, sample_async
 from rt.gpu.sampling_params import SEED_MASK, SamplingParams
 
 log = logging.getLogger(__name__)
+WARM_UP_TOKENS = 3  # new tokens of each warm-up request: a prefill, then decodes
 
 
 @dataclass
@@ -436,6 +438,56 @@ class EngineCore:
         before = self.cache.tree.evictable_size
         self.cache.flush()
         return before - self.cache.tree.evictable_size
+
+    # ---- start-up --------------------------------------------------------------
+
+    def warm_up(self, record: Callable[[StepOutput, float], None] | None = None) -> int:
+        """Serve a few throwaway requests, so that the first real ones do not pay
+        for what runs once: a Triton kernel is compiled at its first launch for
+        each class of its integer arguments (equal to 1, a multiple of 16, or
+        neither), and libraries set themselves up at their first call.
+
+        Prompts of 1, 16 and 17 tokens, each alone and then together (the 17 a
+        prefix hit on the 16 where the cache is on), greedy and sampled, with
+        penalties and logprobs, prefilled and decoded. Nothing stays: the
+        prefix cache is flushed, and the arrival order, the stream of seeds for
+        unseeded requests and the counters are as they were. ``record(out, s)``
+        is told of each step and its seconds. Returns the number of steps.
+        Call before any request is added."""
+        if self.has_work:
+            raise RuntimeError("warm_up: the engine already holds requests")
+        vocab = self.model_config.vocab_size
+        room = min(self.context_length, self.max_total_tokens)
+        lengths = [n for n in (1, 16, 17) if n + WARM_UP_TOKENS <= room]
+        kinds = [
+            SamplingParams(temperature=0.0, logprobs=True),
+            SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05),
+            SamplingParams(frequency_penalty=0.5, repetition_penalty=1.1, top_logprobs=2),
+        ]
+        arrival = next(self._arrival)
+        ratio, retractions = self._new_token_ratio, self.num_retractions
+        steps = 0
+        rounds = [[n] for n in lengths] + [lengths]
+        for i, batch in enumerate(rounds):
+            for j, n in enumerate(batch):
+                params = replace(
+                    kinds[(i + j) % len(kinds)],
+                    max_new_tokens=WARM_UP_TOKENS,
+                    ignore_eos=True,
+                    seed=i * 8 + j,
+                )
+                ids = [(7 * k + 3) % vocab for k in range(n)]
+                self.add_request(f"warm-up/{i}/{j}", ids, params)
+            while self.has_work:
+                start = time.perf_counter()
+                out = self.step()
+                if record is not None:
+                    record(out, time.perf_counter() - start)
+                steps += 1
+        self.cache.flush()
+        self._arrival = itertools.count(arrival)
+        self._new_token_ratio, self.num_retractions = ratio, retractions
+        return steps
 
     def check_integrity(self) -> None:
         """Assert the KV invariants: every slot free, owned by one live request, or held by the tree."""

@@ -128,6 +128,12 @@ class SchedulerActor(Actor):
 
     async def startup(self, ctx: ActorContext) -> None:
         self.engine = await trio.to_thread.run_sync(EngineCore, self.config)
+        self.placement = StepPlacement()
+        # before it reports up (and /health says 200): the first requests would pay
+        # for the kernels' compiles and the libraries' first calls (GPU TTFT p99)
+        start = time.monotonic()
+        steps = await trio.to_thread.run_sync(self.engine.warm_up, self.placement.record)
+        log.info("warmed up in %d steps, %.2f s", steps, time.monotonic() - start)
         self.epoch = ctx.incarnation
         self.incoming: list[tuple[Scheduled, str, Frame]] = []
         # rid -> trio deadline, in deadline order (one TTL, set in time order)
@@ -135,7 +141,6 @@ class SchedulerActor(Actor):
         self.refused: list[Refused] = []
         # rid -> a later attempt, added once the core has let go of the one it holds
         self.replacing: dict[str, Scheduled] = {}
-        self.placement = StepPlacement()
         self.wakeup = trio.Event()
         self.steps = 0
         self.reported = False  # whether this idle spell's state was reported
