@@ -1,0 +1,114 @@
+"""Where a first token's time goes: requests one at a time through the trio API.
+
+Each request's time to first token, cut at the clocks the pipeline already
+keeps (``time.monotonic()``, shared by every process of the machine):
+
+  * submit → admitted: the frontend, the tokenizer, two ring hops and the
+    scheduler's loop up to the step that takes the request in (``queue_time``);
+  * admitted → stepped: that step (the prefill), and with overlap scheduling
+    the next step's launch, which reads its token back (``Chunk.stepped_at``);
+  * stepped → front: the scheduler's frame to the detokenizer, the text, and
+    the frame to the frontend (``time_to_first_token``);
+  * front → caller: the frontend handing the chunk to the reader.
+
+Prompts are random token ids (no prefix cache hits), one request in flight at
+a time, as a client at concurrency 1 sends them. Prints p50 / p99 / mean (ms)
+of the whole and of each part.
+
+    python tools/bench_ttft.py [--model-path DIR] [--requests 64] [--input-len 64] \
+        [--option device=cuda --option dtype=bfloat16 ...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from typing import Any
+
+import numpy as np
+import trio
+
+import rt
+
+PARTS = ("submit→admitted", "admitted→stepped", "stepped→front", "front→caller")
+
+
+async def one(engine: rt.Engine, ids: list[int], new_tokens: int) -> dict[str, float] | None:
+    start = time.monotonic()
+    async with engine.stream(ids, max_new_tokens=new_tokens, ignore_eos=True) as stream:
+        first = await stream.__anext__()
+        got = time.monotonic()
+        meta = stream.meta
+        async for _ in stream:
+            pass
+    if meta is None or meta.queue_time is None or meta.time_to_first_token is None:
+        return None
+    admitted = start + meta.queue_time
+    front = start + meta.time_to_first_token
+    return {
+        "ttft": got - start,
+        PARTS[0]: meta.queue_time,
+        PARTS[1]: first.stepped_at - admitted,
+        PARTS[2]: front - first.stepped_at,
+        PARTS[3]: got - front,
+    }
+
+
+async def bench(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    async with rt.open_engine(args.model_path, **options) as engine:
+        vocab = engine.vocab_size
+        rows = []
+        for i in range(args.warmup + args.requests):
+            ids = [rng.randrange(3, vocab) for _ in range(args.input_len)]
+            row = await one(engine, ids, args.output_len)
+            if row is not None and i >= args.warmup:
+                rows.append(row)
+    out: dict[str, Any] = {"requests": len(rows), "input_len": args.input_len, "options": options}
+    for key in ("ttft", *PARTS):
+        ms = np.array([r[key] for r in rows]) * 1e3
+        out[key] = {
+            "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean()),
+        }
+    return out
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", default=None, help="default: the shipped model")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=4, help="requests first, not counted")
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--option", action="append", default=[], help="an engine option, KEY=VALUE (JSON)"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    options = dict(parse_option(o) for o in args.option)
+    result = trio.run(bench, args, options)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{result['requests']} requests of {args.input_len} tokens, one at a time; {options}")
+    print(f"{'':18} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
+    for key in ("ttft", *PARTS):
+        row = result[key]
+        print(f"{key:18} {row['p50_ms']:8.2f} {row['p99_ms']:8.2f} {row['mean_ms']:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
