@@ -19,7 +19,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 4
 GREEDY: dict[str, Any] = dict(max_new_tokens=40, ignore_eos=True, temperature=0.0)
 # A request the pause must catch running: 40 tokens of the tiny model can all come
 # (~1–2 ms a step) before a pause polled for and sent after the first ones lands.
-LONG: dict[str, Any] = dict(GREEDY, max_new_tokens=400)  # 52 prompt tokens + 400 < 512
+LONG: dict[str, Any] = dict(GREEDY, max_new_tokens=200)  # (~0.2–0.4 s of steps)
 
 
 async def first_chunks(stream: rt.Stream, count: int) -> list[rt.Chunk]:
