@@ -34,8 +34,14 @@ class EngineOptions(BaseModel):
     )
     tokenizer_path: str | None = Field(None, description="defaults to model_path")
     load_format: Literal["auto", "dummy", "null"] = "auto"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "cpu"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="auto: float32 on the CPU; on CUDA the checkpoint's bfloat16 or float16 "
+        "(float16 for a float32 one), as SGLang and vLLM choose",
+    )
+    device: str = Field(
+        "auto", description="auto: cuda if torch sees a CUDA device here, else cpu; or cpu, cuda:N"
+    )
     context_length: int | None = Field(None, ge=1)
     # the scheduler
     max_total_tokens: int | None = Field(None, ge=1)
@@ -136,8 +142,10 @@ class EngineOptions(BaseModel):
     @classmethod
     def _device(cls, value: str) -> str:
         kind, _, index = value.partition(":")
-        if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
-            raise ValueError("expected 'cpu', 'cuda' or 'cuda:N'")
+        if kind not in ("auto", "cpu", "cuda") or (
+            index and (kind != "cuda" or not index.isdigit())
+        ):
+            raise ValueError("expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
         return value
 
     @model_validator(mode="after")
@@ -193,8 +201,9 @@ class EngineOptions(BaseModel):
 
     @classmethod
     def build(cls, **options: Any) -> EngineOptions:
+        """Validated options, with ``device`` and ``dtype`` 'auto' resolved."""
         try:
-            return cls(**options)
+            return cls(**options).resolved()
         except ValidationError as err:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
@@ -203,6 +212,37 @@ class EngineOptions(BaseModel):
                 for e in err.errors()
             )
             raise ConfigError(f"invalid engine options: {problems}") from err
+
+    def resolved(self) -> EngineOptions:
+        """These options with ``device`` and ``dtype`` 'auto' made what they stand for
+        here (device 'auto' imports torch, to ask for CUDA)."""
+        device, dtype = self.device, self.dtype
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            if device == "cpu" and self.attention_backend == "flashinfer":
+                raise ConfigError(
+                    "invalid engine options: attention_backend 'flashinfer' runs on CUDA only, "
+                    "and torch sees no CUDA device here (device 'auto'); on the CPU: 'torch' "
+                    "or 'triton'"
+                )
+        if dtype == "auto":
+            dtype = "float32" if device == "cpu" else self.checkpoint_dtype()
+        if (device, dtype) == (self.device, self.dtype):
+            return self
+        return self.model_copy(update={"device": device, "dtype": dtype})
+
+    def checkpoint_dtype(self) -> Literal["bfloat16", "float16"]:
+        """What 'auto' runs the model in on a GPU: its checkpoint's bfloat16, or float16
+        for a float16 or float32 one (config.json's ``dtype`` or ``torch_dtype``)."""
+        path = Path(self.resolved_model_path()) / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError):
+            config = {}  # (model_limits says what is wrong with it)
+        saved = config.get("dtype") or config.get("torch_dtype")
+        return "bfloat16" if saved == "bfloat16" else "float16"
 
     def resolved_model_path(self) -> str:
         if self.model_path is not None:

@@ -72,10 +72,16 @@ ENGINE_FLAGS = (
         "--dtype",
         "dtype",
         str,
-        "the weights' and activations' dtype",
-        ("float32", "bfloat16", "float16"),
+        "the weights' and activations' dtype; auto (the default): float32 on the CPU, on "
+        "CUDA the checkpoint's bfloat16 or float16 (float16 for a float32 checkpoint)",
+        ("auto", "float32", "bfloat16", "float16"),
     ),
-    Flag("--device", "device", str, "cpu, cuda, cuda:1, …"),
+    Flag(
+        "--device",
+        "device",
+        str,
+        "auto (the default): cuda if torch sees a CUDA device, else cpu; or cpu, cuda, cuda:1, …",
+    ),
     Flag(
         "--context-length",
         "context_length",

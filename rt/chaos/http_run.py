@@ -72,7 +72,9 @@ async def run_server(
     with log:
         async with httpx.AsyncClient(timeout=None, limits=limits) as http:
             try:
-                async with open_server(server_args(config.engine, plan), log) as server:
+                async with open_server(
+                    server_args({"device": "cpu", **config.engine}, plan), log
+                ) as server:
                     server_pid = server.pid
                     assert server.url is not None
                     run_id = f"{config.seed}-{time.monotonic_ns()}"

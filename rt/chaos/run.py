@@ -194,7 +194,7 @@ async def _run_engine(
     from rt.chaos.targets import EngineTarget
     from rt.chaos.transports import engine_sender
 
-    options = dict(config.engine)
+    options = {"device": "cpu", **config.engine}  # (where the replayer judges outputs)
     plan = write_plan(config, schedule)
     if plan is not None:
         options["fault_plan"] = plan

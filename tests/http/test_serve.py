@@ -19,6 +19,8 @@ import trio
 from serverlib import SLOW_STEPS, alive, children_of, running_server, start_server, write_plan
 from trio_websocket import ConnectionClosed, open_websocket_url
 
+from rt import errors
+from rt.assets import default_model_path
 from rt.config import EngineOptions
 from rt.serve import ENGINE_FLAGS, SWITCHES, build_parser, main
 
@@ -92,6 +94,38 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
         build_parser().parse_args(["--enable-overlap-schedule", "--disable-overlap-schedule"])
 
 
+def test_device_and_dtype_auto_pick_the_gpu_where_torch_sees_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A user of SGLang or vLLM passes no --device on a GPU host: rt ran on its CPU."""
+    import torch
+
+    from rt.serve import engine_options
+
+    def built(*argv: str) -> EngineOptions:
+        return EngineOptions.build(**engine_options(build_parser().parse_args(list(argv))))
+
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    assert (built().device, built().dtype) == (here, "float32" if here == "cpu" else "bfloat16")
+    assert (built("--dtype", "bfloat16").device, built("--device", "cpu").dtype) == (
+        here,
+        "float32",
+    )
+    # where torch sees a GPU: the default model's checkpoint is bfloat16, float32 gives float16
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    on_gpu = built()
+    assert (on_gpu.device, on_gpu.dtype) == ("cuda", "bfloat16")
+    assert on_gpu.engine_config().backend == "triton"  # the kernels, not the torch reference
+    config = json.loads((Path(default_model_path()) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "dtype": "float32"}))
+    assert built("--model-path", str(tmp_path)).dtype == "float16"
+    assert built("--device", "cpu").dtype == "float32"  # asked for: kept
+    assert built("--dtype", "float32").dtype == "float32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(errors.ConfigError, match="flashinfer' runs on CUDA only, and torch sees"):
+        built("--attention-backend", "flashinfer")
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -114,7 +148,7 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
         ["--model-path", "/nonexistent"],
         ["--device", "tpu"],
         ["--tokenizer-path", "/nonexistent"],
-        ["--attention-backend", "flashinfer"],  # CUDA only; the device is the CPU
+        ["--attention-backend", "flashinfer", "--device", "cpu"],  # CUDA only
     ],
 )
 def test_a_bad_flag_exits_2_with_a_message(
