@@ -271,12 +271,16 @@ async def openai_request(
                 said = (await response.aread())[:300].decode(errors="replace")
                 record.error = f"HTTP {response.status_code}: {said}"
                 return record
+            done = False
             async for line in response.aiter_lines():
-                data = sse_data(line)
+                # read to the body's end, past [DONE]: a response left unread closes its
+                # connection, and every request then paid for a new one (both servers)
+                data = None if done else sse_data(line)
                 if data is None:
                     continue
                 if data == "[DONE]":
-                    break
+                    done = True
+                    continue
                 chunk = json.loads(data)
                 if "error" in chunk:
                     record.error = f"error event: {str(chunk['error'])[:300]}"
@@ -388,9 +392,14 @@ async def bench_http(
     from rt.client import connect
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # One client of one kept-alive connection per request in flight: a shared pool of
+    # N connections looks at every idle one (a system call each) for every request,
+    # which at concurrency 64 made this tool its own bottleneck.
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    free: list[httpx.AsyncClient] = []
+    made: list[httpx.AsyncClient] = []
     out = []
-    async with httpx.AsyncClient(timeout=None, limits=limits, headers=headers) as http:
+    try:
         for concurrency, load in zip(args.max_concurrency, loads, strict=True):
             if backend == "ws":
                 async with connect(url, api_key=args.api_key) as client:
@@ -398,10 +407,21 @@ async def bench_http(
                 continue
 
             async def send(spec: RequestSpec) -> Record:
-                endpoint = f"{url}/v1/completions"
-                return await openai_request(http, endpoint, body(spec), spec, args.count_tokens)
+                if free:
+                    http = free.pop()
+                else:
+                    http = httpx.AsyncClient(timeout=None, limits=one, headers=headers)
+                    made.append(http)
+                try:
+                    endpoint = f"{url}/v1/completions"
+                    return await openai_request(http, endpoint, body(spec), spec, args.count_tokens)
+                finally:
+                    free.append(http)
 
             out.append(await measure(load, send, concurrency))
+    finally:
+        for http in made:
+            await http.aclose()
     return out
 
 

@@ -80,9 +80,10 @@ async def bench(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, 
 def parse_option(text: str) -> tuple[str, Any]:
     key, _, value = text.partition("=")
     try:
-        return key, json.loads(value)
+        parsed = json.loads(value)
     except json.JSONDecodeError:
         return key, value
+    return key, value if parsed is None else parsed  # load_format=null is the string
 
 
 def main() -> None:
