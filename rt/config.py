@@ -279,6 +279,8 @@ class EngineOptions(BaseModel):
         """The engine core's configuration (imported lazily: it pulls in torch)."""
         from rt.gpu.engine_config import EngineConfig
 
+        if "auto" in (self.device, self.dtype):  # (built without build())
+            return self.resolved().engine_config()
         return EngineConfig(
             model_path=self.resolved_model_path(),
             load_format=self.load_format,

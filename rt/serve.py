@@ -494,6 +494,7 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         checked = EngineOptions.build(**options)
         checked.model_limits()  # no config.json there, a context past the model's
         checked.check_device()  # CUDA asked for on a host without it
+        checked.engine_config()  # options the engine core refuses (torch.compile on CUDA)
         checked.check_tokenizer()  # another model's
         if isinstance(checked.fault_plan, str):
             FaultPlan.load(checked.fault_plan)  # a plan that cannot be read or parsed

@@ -36,8 +36,10 @@ PARTS = ("submit→admitted", "admitted→stepped", "stepped→front", "front→
 
 
 async def one(engine: rt.Engine, ids: list[int], new_tokens: int) -> dict[str, float] | None:
-    start = time.monotonic()
     async with engine.stream(ids, max_new_tokens=new_tokens, ignore_eos=True) as stream:
+        # the stream is built (the request checked): its first read submits it, and the
+        # frontend's clock for the request (Meta's times) starts microseconds after this
+        start = time.monotonic()
         first = await stream.__anext__()
         got = time.monotonic()
         meta = stream.meta

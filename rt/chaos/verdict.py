@@ -31,13 +31,19 @@ class Verdict:
 
 
 class Judge:
-    def __init__(self, replayer: Replayer) -> None:
+    """``exact``: every output must equal the replayer's (a server on the CPU in float32,
+    as the replayer runs it); otherwise only splices are looked for."""
+
+    def __init__(self, replayer: Replayer, exact: bool | None = None) -> None:
         self.replayer = replayer
+        self._exact = exact
         self._refs: dict[int, list[int]] = {}
         self._prompts: dict[int, list[int]] = {}
 
     @property
     def exact(self) -> bool:
+        if self._exact is not None:
+            return self._exact
         return self.replayer.dtype == "float32"
 
     def judge(self, ledger: Ledger, schedule: Schedule) -> Verdict:

@@ -132,7 +132,7 @@ class SchedulerActor(Actor):
         # before it reports up (and /health says 200): the first requests would pay
         # for the kernels' compiles and the libraries' first calls (GPU TTFT p99)
         start = time.monotonic()
-        steps = await trio.to_thread.run_sync(self.engine.warm_up, self.placement.record)
+        steps = await trio.to_thread.run_sync(self._warm_up)
         log.info("warmed up in %d steps, %.2f s", steps, time.monotonic() - start)
         self.epoch = ctx.incarnation
         self.incoming: list[tuple[Scheduled, str, Frame]] = []
@@ -302,14 +302,21 @@ class SchedulerActor(Actor):
             expired = True
         return expired
 
+    def _threads(self) -> None:
+        threads = self.config.torch_threads
+        if threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)  # per thread under OpenMP: steps run in several
+
+    def _warm_up(self) -> int:
+        self._threads()
+        return self.engine.warm_up(self.placement.record)
+
     def _step(self, ctx: ActorContext) -> StepOutput:
         self.reported = False
         ctx.faults.check("forward", self._fault_key() if ctx.faults.keyed("forward") else None)
         if not self.engine.has_work:
             return StepOutput()
-        threads = self.config.torch_threads
-        if threads is not None and torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)  # per thread under OpenMP: steps run in several
+        self._threads()
         start = time.perf_counter()
         out = self.engine.step()
         self.placement.record(out, time.perf_counter() - start)

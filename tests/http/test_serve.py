@@ -79,7 +79,7 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
     from rt.serve import engine_options
 
     def config(*argv: str) -> Any:
-        args = build_parser().parse_args(list(argv))
+        args = build_parser().parse_args(["--device", "cpu", *argv])  # (a later one wins)
         return EngineOptions.build(**engine_options(args)).engine_config()
 
     assert (config().use_overlap, config().overlap_schedule) == (False, None)  # the CPU
@@ -95,7 +95,7 @@ def test_overlap_cuda_graph_and_compile_flags_reach_the_engine_config() -> None:
 
 
 def test_device_and_dtype_auto_pick_the_gpu_where_torch_sees_one(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A user of SGLang or vLLM passes no --device on a GPU host: rt ran on its CPU."""
     import torch
@@ -121,6 +121,12 @@ def test_device_and_dtype_auto_pick_the_gpu_where_torch_sees_one(
     assert built("--model-path", str(tmp_path)).dtype == "float16"
     assert built("--device", "cpu").dtype == "float32"  # asked for: kept
     assert built("--dtype", "float32").dtype == "float32"
+    # what the engine core refuses on the GPU is a flag error too, not a failed start
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--enable-torch-compile"])
+    assert exit_.value.code == 2
+    assert "torch_compile=True: it is for the CPU, not 'cuda'" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(errors.ConfigError, match="flashinfer' runs on CUDA only, and torch sees"):
         built("--attention-backend", "flashinfer")

@@ -20,7 +20,7 @@ from rt.tok.load import load_tokenizer
 
 PROMPTS = ["In the beginning", "And God said", "Let there be light", "The quick brown fox"]
 GREEDY: dict[str, Any] = dict(max_new_tokens=12, ignore_eos=True, temperature=0.0)
-OPTIONS: dict[str, Any] = dict(max_total_tokens=8192)
+OPTIONS: dict[str, Any] = dict(device="cpu", max_total_tokens=8192)  # as the reference
 
 
 async def outputs(engine: rt.Engine) -> list[tuple[int, ...]]:

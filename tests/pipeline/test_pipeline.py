@@ -20,7 +20,8 @@ from rt.gpu import EngineConfig, EngineCore, SamplingParams
 from rt.messages import GenerateRequest
 from rt.tok.load import load_tokenizer
 
-OPTIONS: dict[str, Any] = dict(max_total_tokens=8192, ring_capacity=1 << 20)
+# on the CPU wherever torch sees a GPU too: outputs are compared with the engine core's
+OPTIONS: dict[str, Any] = dict(device="cpu", max_total_tokens=8192, ring_capacity=1 << 20)
 PROMPTS = [
     "The quick brown fox",
     "Once upon a time",

@@ -454,7 +454,9 @@ async def test_after_a_scheduler_restart_in_bfloat16_every_output_is_one_run(
     ]
     for rule in rules:
         rule.update(incarnation=1, times=0 if rule["action"] == "delay" else 1)
-    opts: dict[str, Any] = dict(dtype="bfloat16", max_total_tokens=8192, chunked_prefill_size=-1)
+    opts: dict[str, Any] = dict(
+        device="cpu", dtype="bfloat16", max_total_tokens=8192, chunked_prefill_size=-1
+    )
     async with rt.open_engine(
         str(tiny_model), fault_plan=plan(tmp_path, *rules), max_restarts=1, **opts
     ) as engine:
