@@ -122,6 +122,9 @@ class RequestTable:
         self.by_user_rid: dict[str, str] = {}
         self.max_crashes = max_crashes
         self.held: deque[list[str]] = deque()  # groups of suspects held back, next first
+        # a request may have been in flight for more than one crash: only then does
+        # ``isolating`` look through the table (per request, it made the front O(n²))
+        self._repeats = False
 
     def add(self, req: GenerateRequest, user_rid: str, epoch: int) -> Record:
         """A new request, sent to scheduler ``epoch``. A caller's rid may be used
@@ -292,6 +295,7 @@ class RequestTable:
             return []
         for record in in_flight:
             record.crashes += 1
+            self._repeats = self._repeats or record.crashes > 1
         if len(in_flight) == 1 and in_flight[0].crashes >= self.max_crashes:
             return in_flight  # alone in the scheduler: it is the culprit
         if len(in_flight) > 1 and any(r.crashes > 1 for r in in_flight):
@@ -308,11 +312,15 @@ class RequestTable:
     @property
     def isolating(self) -> bool:
         """Suspects are being isolated: new requests wait, so as not to mix in."""
-        return bool(self.held) or any(r.crashes > 1 for r in self.live() if not r.held)
+        if self.held:
+            return True
+        if self._repeats:
+            self._repeats = any(r.crashes > 1 for r in self.live() if not r.held)
+        return self._repeats
 
     def next_group(self) -> list[Record]:
         """Once nothing is in flight, the next group held back, to readmit together."""
-        if any(not r.held for r in self.live()):
+        if not self.held or any(not r.held for r in self.live()):
             return []
         while self.held:
             group = [self.records.get(rid) for rid in self.held.popleft()]
