@@ -16,7 +16,7 @@ a time, as a client at concurrency 1 sends them. Prints p50 / p99 / mean (ms)
 of the whole and of each part.
 
     python tools/bench_ttft.py [--model-path DIR] [--requests 64] [--input-len 64] \
-        [--option device=cuda --option dtype=bfloat16 ...] [--json]
+        [--rt-option device=cuda --rt-option dtype=bfloat16 ...] [--json]
 """
 
 from __future__ import annotations
@@ -24,13 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import trio
 
 import rt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, launch_servers
+from launch_servers import parse_options
 
 PARTS = ("submit→admitted", "admitted→stepped", "stepped→front", "front→caller")
 
@@ -79,15 +84,6 @@ async def bench(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, 
     return out
 
 
-def parse_option(text: str) -> tuple[str, Any]:
-    key, _, value = text.partition("=")
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-    return key, value if parsed is None else parsed  # load_format=null is the string
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", default=None, help="default: the shipped model")
@@ -97,11 +93,15 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--option", action="append", default=[], help="an engine option, KEY=VALUE (JSON)"
+        "--rt-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine option for open_engine: device=cuda, load_format=null",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    options = dict(parse_option(o) for o in args.option)
+    options = parse_options(args.rt_option)
     result = trio.run(bench, args, options)
     if args.json:
         print(json.dumps(result))
