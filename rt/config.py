@@ -152,7 +152,8 @@ class EngineOptions(BaseModel):
     def _backend_on_device(self) -> EngineOptions:
         if self.attention_backend == "flashinfer" and self.device == "cpu":
             raise ValueError(
-                "attention_backend 'flashinfer' runs on CUDA only; on the CPU: 'torch' or 'triton'"
+                "attention_backend 'flashinfer' runs on CUDA only, and the device is the CPU "
+                "(device 'auto' is the CPU where torch sees no GPU); there: 'torch' or 'triton'"
             )
         return self
 
@@ -215,32 +216,22 @@ class EngineOptions(BaseModel):
 
     def resolved(self) -> EngineOptions:
         """These options with ``device`` and ``dtype`` 'auto' made what they stand for
-        here (device 'auto' imports torch, to ask for CUDA)."""
+        here (device 'auto' imports torch, to ask for CUDA), and validated as such."""
         device, dtype = self.device, self.dtype
         if device == "auto":
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            if device == "cpu" and self.attention_backend == "flashinfer":
-                raise ConfigError(
-                    "invalid engine options: attention_backend 'flashinfer' runs on CUDA only, "
-                    "and torch sees no CUDA device here (device 'auto'); on the CPU: 'torch' "
-                    "or 'triton'"
-                )
         if dtype == "auto":
             dtype = "float32" if device == "cpu" else self.checkpoint_dtype()
         if (device, dtype) == (self.device, self.dtype):
             return self
-        return self.model_copy(update={"device": device, "dtype": dtype})
+        return self.model_validate({**dict(self), "device": device, "dtype": dtype})
 
     def checkpoint_dtype(self) -> Literal["bfloat16", "float16"]:
         """What 'auto' runs the model in on a GPU: its checkpoint's bfloat16, or float16
         for a float16 or float32 one (config.json's ``dtype`` or ``torch_dtype``)."""
-        path = Path(self.resolved_model_path()) / "config.json"
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError):
-            config = {}  # (model_limits says what is wrong with it)
+        config = self._checkpoint_config()
         saved = config.get("dtype") or config.get("torch_dtype")
         return "bfloat16" if saved == "bfloat16" else "float16"
 
@@ -254,13 +245,17 @@ class EngineOptions(BaseModel):
     def resolved_tokenizer_path(self) -> str:
         return self.tokenizer_path or self.resolved_model_path()
 
-    def model_limits(self) -> tuple[int, int]:
-        """(context length, vocabulary size) from the model's config.json."""
+    def _checkpoint_config(self) -> dict[str, Any]:
         path = Path(self.resolved_model_path()) / "config.json"
         try:
-            config = json.loads(path.read_text())
+            config: dict[str, Any] = json.loads(path.read_text())
         except FileNotFoundError as err:
             raise ConfigError(f"model_path: no config.json in {path.parent}") from err
+        return config
+
+    def model_limits(self) -> tuple[int, int]:
+        """(context length, vocabulary size) from the model's config.json."""
+        config = self._checkpoint_config()
         trained = config.get("max_position_embeddings")
         if self.context_length and trained is not None and self.context_length > int(trained):
             raise ConfigError(

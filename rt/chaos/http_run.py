@@ -15,6 +15,7 @@ from rt.chaos.ledger import Ledger
 from rt.chaos.run import (
     RunConfig,
     drive,
+    engine_options,
     kill_during_shutdown,
     put_in_flight,
     shutdown_fault,
@@ -72,9 +73,7 @@ async def run_server(
     with log:
         async with httpx.AsyncClient(timeout=None, limits=limits) as http:
             try:
-                async with open_server(
-                    server_args({"device": "cpu", **config.engine}, plan), log
-                ) as server:
+                async with open_server(server_args(engine_options(config), plan), log) as server:
                     server_pid = server.pid
                     assert server.url is not None
                     run_id = f"{config.seed}-{time.monotonic_ns()}"

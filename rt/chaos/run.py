@@ -187,6 +187,12 @@ async def kill_during_shutdown(
         pass
 
 
+def engine_options(config: RunConfig) -> dict[str, Any]:
+    """The run's engine options, on the CPU unless it says otherwise: where the
+    replayer that judges the outputs runs them."""
+    return {"device": "cpu", **config.engine}
+
+
 async def _run_engine(
     config: RunConfig, schedule: Schedule, ledger: Ledger, tag: str, hog_pids: list[int]
 ) -> None:
@@ -194,7 +200,7 @@ async def _run_engine(
     from rt.chaos.targets import EngineTarget
     from rt.chaos.transports import engine_sender
 
-    options = {"device": "cpu", **config.engine}  # (where the replayer judges outputs)
+    options = engine_options(config)
     plan = write_plan(config, schedule)
     if plan is not None:
         options["fault_plan"] = plan

@@ -128,7 +128,9 @@ def test_device_and_dtype_auto_pick_the_gpu_where_torch_sees_one(
     assert exit_.value.code == 2
     assert "torch_compile=True: it is for the CPU, not 'cuda'" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(errors.ConfigError, match="flashinfer' runs on CUDA only, and torch sees"):
+    with pytest.raises(
+        errors.ConfigError, match="flashinfer' runs on CUDA only, and the device is the CPU"
+    ):
         built("--attention-backend", "flashinfer")
 
 
