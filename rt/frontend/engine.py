@@ -19,7 +19,9 @@ back to the waiting caller, and recovers what a restarted actor lost:
   at its next attempt, and its streams reopened there.
 
 Every ring the frontend writes has one lock in front of it, so any number of
-callers wait their turn on a full ring (backpressure) instead of colliding.
+callers wait their turn on a full ring (backpressure) instead of colliding
+(rt/frontend/plumbing.py: how the frontend sends and reads without a
+checkpoint per message).
 A request's rid on the rings is the frontend's own (unique); the caller's rid
 may be reused once its request has left the table.
 """
@@ -45,7 +47,7 @@ from rt.actors import ActorState, ActorStatus, Supervisor, open_supervisor
 from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
 from rt.frontend.drain import stop_on_signal
-from rt.frontend.plumbing import RETRY_S, Latest, Out
+from rt.frontend.plumbing import Controls, Latest, Out, frames
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
@@ -67,8 +69,7 @@ from rt.messages import (
     stream_key,
 )
 from rt.outputs import GenerateOutput
-from rt.pipeline.mail import unreadable_side
-from rt.shm import RingReceiver, RingSender, codec
+from rt.shm import RingReceiver, RingSender
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class Engine:
         self._to_sched = out("front-sched")
         self._to_detok = out("front-detok")
         self._from_detok = in_("detok-front")
-        self._control_send, self._control_recv = trio.open_memory_channel[tuple[Out, Any]](math.inf)
+        self.controls = Controls()  # what the sync code sends
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
         self._closing = False  # the rings are closing: nothing more is sent
         self.refusing = False  # a drain: new requests are refused, the rest goes on
@@ -292,7 +293,7 @@ class Engine:
     # ---- routing (tasks in the engine's nursery) --------------------------------
 
     async def route_tokenized(self, rx: RingReceiver) -> None:
-        async for msg in self._frames(rx):
+        async for msg in frames(rx):
             self._tok_queues.answered(msg.rid)
             if isinstance(msg, Tokenized):
                 record = self.table.on_tokenized(msg)
@@ -320,7 +321,7 @@ class Engine:
         self._tok_queues.sent(worker, req.rid)
 
     async def route_deltas(self) -> None:
-        async for msg in self._frames(self._from_detok):
+        async for msg in frames(self._from_detok):
             if isinstance(msg, StreamDeltas):
                 self._on_deltas(msg)
             elif isinstance(msg, DetokenizerUp) and msg.incarnation > 1:
@@ -366,37 +367,8 @@ class Engine:
         if msg.detok is not None:
             self._detok_stats.set(msg.detok)
 
-    async def _frames(self, rx: RingReceiver) -> AsyncIterator[Any]:
-        """Each message of ``rx``, committed once handled; waits out a restarting peer."""
-        tries = 0
-        while True:
-            try:
-                data = await rx.receive_data()
-            except (errors.Broken, errors.EndOfChannel):  # the sender is restarting
-                await trio.sleep(RETRY_S)
-                continue
-            except errors.SegmentError as err:  # a side frame's: no fd now, or lost (resent)
-                tries = await unreadable_side(rx.spec.name, err, tries)
-                continue
-            tries = 0
-            try:
-                msg = codec.loads(data)
-            except Exception as err:  # corruption: drop it, never stop the engine on it
-                log.error("%s: dropped a frame that does not decode: %r", rx.spec.name, err)
-                rx.commit()
-                continue
-            yield msg
-            rx.commit()
-
     def _queue(self, out: Out, msg: Any) -> None:
-        self._control_send.send_nowait((out, msg))
-
-    async def send_control(self) -> None:
-        async for out, msg in self._control_recv:
-            try:
-                await out.send(msg)
-            except errors.ResourceExhausted as err:  # never fits: its request stalls, is resent
-                log.error("%s: dropped a %s: %s", out.tx.spec.name, type(msg).__name__, err)
+        self.controls.queue(out, msg)
 
     # ---- recovery ------------------------------------------------------------------
 
@@ -575,7 +547,7 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
                     for rx in engine._from_tok:
                         nursery.start_soon(engine.route_tokenized, rx)
                     nursery.start_soon(engine.route_deltas)
-                    nursery.start_soon(engine.send_control)
+                    nursery.start_soon(engine.controls.run)
                     nursery.start_soon(engine.watch_scheduler)
                     nursery.start_soon(engine.watch_stalls)
                     if threading.current_thread() is threading.main_thread():

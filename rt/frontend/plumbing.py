@@ -1,17 +1,36 @@
-"""Two small parts of the engine's frontend: the latest value of a report, to
-wait on, and the frontend's locked end of one ring."""
+"""Small parts of the engine's frontend: the latest value of a report, to wait
+on; the frontend's locked end of one ring; the messages read from a ring; and
+the queue of messages its synchronous code sends.
+
+The frontend shares its trio loop with every caller's task (and rt-serve's
+connections), so under load each checkpoint on a request's path waits for a
+whole round of the other runnable tasks: milliseconds. So nothing here
+checkpoints per message where messages are already waiting: a ring's frames
+come ``FRAME_BURST`` at a time, the queue sends whatever has been queued in one
+go, and a send with room and nobody ahead of it does not hold its ring's lock
+across a checkpoint. (Each of these was a queue of its own at 200 requests a
+second on rt-serve: a request's first token waited ~100 ms for them;
+docs/benchmarks.md.)
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import math
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Generic, TypeVar
 
 import trio
 
 from rt import errors
-from rt.shm import RingSender, codec
+from rt.pipeline.mail import unreadable_side
+from rt.shm import RingReceiver, RingSender, codec
+from rt.shm.channel import Payload
+
+log = logging.getLogger(__name__)
 
 RETRY_S = 0.02  # how often a frontend end retries a ring whose peer is restarting
+FRAME_BURST = 32  # frames a ring end hands over between two checkpoints
 T = TypeVar("T")
 
 
@@ -52,10 +71,28 @@ class Out:
         self.tx = tx
         self.lock = trio.Lock()
 
+    def send_now(self, msg: Any) -> bool:
+        """Send ``msg`` at once if nobody is sending or waiting to and the ring
+        has room; False (nothing sent) otherwise. Not a checkpoint."""
+        return self._send_now(codec.dumps(msg))
+
+    def _send_now(self, data: Payload) -> bool:
+        if self.lock.locked():
+            return False
+        try:
+            self.tx.send_nowait(data)
+        except (errors.WouldBlock, errors.Broken, errors.ResourceExhausted):
+            return False  # full, its reader restarting, or /dev/shm full: send() waits
+        return True
+
     async def send(self, msg: Any, patient: bool = True) -> None:
         """Send ``msg``, waiting out a restarting reader; and, ``patient``, a /dev/shm
         or fd table that stays full (else ResourceExhausted after the ring's wait)."""
         data = codec.dumps(msg)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._send_now(data):  # (the lock is not held across the checkpoint after)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
         async with self.lock:
             while True:
                 try:
@@ -66,3 +103,71 @@ class Out:
                 except errors.ResourceExhausted as err:
                     if not patient or not err.fits_ever:
                         raise
+
+
+async def frames(rx: RingReceiver) -> AsyncGenerator[Any, None]:
+    """Each message of ``rx``, committed once handled (the caller's loop body);
+    waits out a restarting peer. Frames already in the ring come up to
+    FRAME_BURST in a row without a checkpoint."""
+    tries = burst = 0
+    while True:
+        try:
+            data = _ready(rx) if burst < FRAME_BURST else None
+            if data is None:
+                data = await rx.receive_data()
+                burst = 0
+            burst += 1
+        except (errors.Broken, errors.EndOfChannel):  # the sender is restarting
+            await trio.sleep(RETRY_S)
+            continue
+        except errors.SegmentError as err:  # a side frame's: no fd now, or lost (resent)
+            tries = await unreadable_side(rx.spec.name, err, tries)
+            continue
+        tries = 0
+        try:
+            msg = codec.loads(data)
+        except Exception as err:  # corruption: drop it, never stop the engine on it
+            log.error("%s: dropped a frame that does not decode: %r", rx.spec.name, err)
+            rx.commit()
+            continue
+        yield msg
+        rx.commit()
+
+
+def _ready(rx: RingReceiver) -> bytes | bytearray | None:
+    """The next frame's payload if one is in the ring, else None."""
+    try:
+        return rx.receive_data_nowait()
+    except errors.WouldBlock:
+        return None
+
+
+class Controls:
+    """Messages the frontend's synchronous code sends (stream opens and closes,
+    aborts, finishes, controls): queued without waiting, sent in order by one
+    task (:meth:`run`). What was queued meanwhile goes in one go, each message
+    straight into its ring where it has room."""
+
+    def __init__(self) -> None:
+        self._send, self._recv = trio.open_memory_channel[tuple[Out, Any]](math.inf)
+
+    def queue(self, out: Out, msg: Any) -> None:
+        self._send.send_nowait((out, msg))
+
+    async def run(self) -> None:
+        async for out, msg in self._recv:
+            await _deliver(out, msg)
+            while True:
+                try:
+                    out, msg = self._recv.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                await _deliver(out, msg)
+
+
+async def _deliver(out: Out, msg: Any) -> None:
+    try:
+        if not out.send_now(msg):
+            await out.send(msg)
+    except errors.ResourceExhausted as err:  # never fits: its request stalls, is resent
+        log.error("%s: dropped a %s: %s", out.tx.spec.name, type(msg).__name__, err)
