@@ -113,7 +113,12 @@ class Record:
 
     @property
     def finished(self) -> bool:
-        return self.error is not None or all(s.finish_reason is not None for s in self.seqs)
+        if self.error is not None:
+            return True
+        seqs = self.seqs
+        if len(seqs) == 1:  # the common case, asked for every delta: no generator
+            return seqs[0].finish_reason is not None
+        return all(s.finish_reason is not None for s in seqs)
 
 
 class RequestTable:

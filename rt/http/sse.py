@@ -45,11 +45,17 @@ async def stream(
         for event in events:
             if isinstance(event, dict):
                 event["stepped_at"] = delta.stepped_at
-        async with lock:
+        if lock.locked():
+            await lock.acquire()
+        else:  # the common case (one job, or no other at work): no checkpoint to take it
+            lock.acquire_nowait()
+        try:
             if not ex.started:
                 await ex.start_events()
             for event in events:
                 await ex.event(event)
+        finally:
+            lock.release()
 
     try:
         async with ex.cancel_on_disconnect():
