@@ -9,7 +9,7 @@ checkpoints per message where messages are already waiting: a ring's frames
 come ``FRAME_BURST`` at a time, the queue sends whatever has been queued in one
 go, and a send with room and nobody ahead of it does not hold its ring's lock
 across a checkpoint. (Each of these was a queue of its own at 200 requests a
-second on rt-serve: a request's first token waited ~100 ms for them;
+second on rt-serve: a request's first token waited ~130 ms for them;
 docs/benchmarks.md.)
 """
 
