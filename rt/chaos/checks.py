@@ -13,7 +13,9 @@ Each returns :class:`Finding` objects; an empty list is a pass.
   ids, and a completed output has its full length;
 * :func:`against_reference` (float32): every greedy or seeded output equals
   the uninterrupted run's (a cancelled one, its prefix), and one that does
-  not is looked up among the other requests' (a cross-request mix-up);
+  not is looked up among the other requests' (a cross-request mix-up); the
+  judge (rt/chaos/verdict.py) lets one pass that took the other side of an
+  exact tie and is its own run's to within ``FLOAT32_TIE`` after it;
 * :func:`no_splicing` (bfloat16): every token of every output is what a run
   conditioned on the tokens before it draws, to within bfloat16's rounding;
 * :func:`engine`: the engine stayed up (no escalation, rt-serve exited 0),

@@ -92,3 +92,37 @@ def test_a_draw_it_does_not_model_is_refused_not_scored(
     """An unseeded draw, or one with penalties: a margin would be a false finding."""
     with pytest.raises(ValueError, match="cannot score"):
         replayer.margins(Job("x", [5, 6, 7], options), [8, 9])
+
+
+def test_a_float32_output_that_took_the_other_side_of_an_exact_tie_passes() -> None:
+    """Found by rt-chaos (seed 34): in float32 this greedy request draws ' earth'
+    at token 6 alone and ' wicked' beside a request that shares its first two
+    tokens (the best two logits there are ~5e-7 apart). The output is still its
+    run's own, token for token, to within FLOAT32_TIE; the reference check
+    accepts it, and a token changed after it stays a finding."""
+    from rt.chaos.ledger import Ledger
+    from rt.chaos.schedule import Schedule
+    from rt.chaos.verdict import FLOAT32_TIE, Judge
+
+    f32 = Replayer(str(default_model_path()), "float32")
+    greedy = {"max_new_tokens": 10, "ignore_eos": True, "temperature": 0.0}
+    jobs = [Job(str(i), f32.encode(p), greedy) for i, p in enumerate(TIED)]
+    batched = f32.reference(jobs)["1"]
+    alone = f32.reference(jobs[1:])["1"]  # the Judge's reference for it: a batch of one
+    assert max(f32.margins(jobs[1], batched)) <= FLOAT32_TIE
+    assert max(f32.margins(jobs[1], alone)) <= FLOAT32_TIE
+
+    def verdict(ids: list[int]) -> list[str]:
+        spec = {"index": 0, "prompt": TIED[1], "max_new_tokens": 10, "temperature": 0.0,
+                "top_p": 1.0, "seed": None, "hostile": None}  # fmt: skip
+        end = {"ev": "end", "t": 2.0, "req": 0, "state": "completed", "ids": ids,
+               "text": f32.decode(ids)}  # fmt: skip
+        ledger = Ledger.of([{"ev": "invoke", "t": 1.0, "req": 0, "spec": spec}, end])
+        return [f.checker for f in Judge(f32).judge(ledger, Schedule(1)).findings]
+
+    assert verdict(alone) == [] and verdict(batched) == []  # either side of the tie
+    broken = [*batched[:8], (batched[8] + 1) % 3000 + 3, batched[9]]
+    assert verdict(broken) == ["reference"]
+
+
+TIED = ["God void light moved was form", "God the light face divided"]

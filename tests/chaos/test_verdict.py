@@ -15,10 +15,13 @@ from rt.chaos.verdict import Judge
 class StubCore:
     """Prompts are their own ids; the uninterrupted run is ``runs[()]``; a run
     conditioned on a prefix draws what one of the ``runs`` (keyed by where they
-    resumed) has next after it."""
+    resumed) has next after it, each of the other runs' tokens trailing the
+    uninterrupted run's choice by ``trail`` logits."""
 
-    def __init__(self, dtype: str, runs: dict[tuple[int, ...], list[int]]) -> None:
-        self.dtype, self.runs = dtype, runs
+    def __init__(
+        self, dtype: str, runs: dict[tuple[int, ...], list[int]], trail: float = 0.0
+    ) -> None:
+        self.dtype, self.runs, self.trail = dtype, runs, trail
 
     def encode(self, text: str) -> list[int]:
         return [len(text)]
@@ -30,9 +33,13 @@ class StubCore:
         return {job.key: self.runs[()][: job.options["max_new_tokens"]] for job in jobs}
 
     def margins(self, job: Job, ids: Sequence[int]) -> list[float]:
-        whole = [[*k, *run] for k, run in self.runs.items()]
-        return [0.0 if any(w[: j + 1] == list(ids[: j + 1]) for w in whole) else 5.0
-                for j in range(len(ids))]  # fmt: skip
+        def margin(j: int) -> float:
+            if self.runs[()][: j + 1] == list(ids[: j + 1]):
+                return 0.0
+            whole = [[*k, *run] for k, run in self.runs.items()]
+            return self.trail if any(w[: j + 1] == list(ids[: j + 1]) for w in whole) else 5.0
+
+        return [margin(j) for j in range(len(ids))]
 
 
 def ledger(*outputs: tuple[list[int], list[int] | None]) -> Ledger:
@@ -56,10 +63,26 @@ RUNS = {(): [1, 2, 3, 4], (1, 2): [7, 8]}
 
 
 def test_float32_outputs_must_equal_the_uninterrupted_run() -> None:
-    judge = Judge(StubCore("float32", RUNS))  # type: ignore[arg-type]
+    judge = Judge(StubCore("float32", RUNS, trail=0.2))  # type: ignore[arg-type]
     verdict = judge.judge(ledger(([1, 2, 3, 4], None), ([1, 2, 7, 8], [2])), Schedule(1))
     assert [(f.checker, f.req) for f in verdict.findings] == [("reference", 1)]
     assert verdict.checked == 2
+
+
+def test_a_float32_output_that_took_the_other_side_of_an_exact_tie_is_its_own_run() -> None:
+    """Where the best two logits are ~1 ulp apart, what else is in the batch picks
+    between them; every token after is that run's own draw."""
+    judge = Judge(StubCore("float32", RUNS, trail=1e-6))  # type: ignore[arg-type]
+    verdict = judge.judge(ledger(([1, 2, 3, 4], None), ([1, 2, 7, 8], None)), Schedule(1))
+    assert verdict.findings == [] and verdict.checked == 2
+    # the tie, then the uninterrupted run's next token: a splice after it, a finding
+    spliced = judge.judge(
+        ledger(
+            ([1, 2, 7, 4], None),
+        ),
+        Schedule(1),
+    )
+    assert [(f.checker, f.req) for f in spliced.findings] == [("reference", 0)]
 
 
 def test_bfloat16_checks_every_output_token_by_token() -> None:
