@@ -76,12 +76,7 @@ def test_a_float32_output_that_took_the_other_side_of_an_exact_tie_is_its_own_ru
     verdict = judge.judge(ledger(([1, 2, 3, 4], None), ([1, 2, 7, 8], None)), Schedule(1))
     assert verdict.findings == [] and verdict.checked == 2
     # the tie, then the uninterrupted run's next token: a splice after it, a finding
-    spliced = judge.judge(
-        ledger(
-            ([1, 2, 7, 4], None),
-        ),
-        Schedule(1),
-    )
+    spliced = judge.judge(ledger(([1, 2, 7, 4], None)), Schedule(1))
     assert [(f.checker, f.req) for f in spliced.findings] == [("reference", 0)]
 
 
