@@ -50,9 +50,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent)
-)  # its siblings: launch_servers, serving_figures
+# its siblings: launch_servers, serving_figures
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch_servers import (
     client_pinned,
     free_port,

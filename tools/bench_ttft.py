@@ -29,13 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import trio
 
 import rt
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, launch_servers
+# its siblings: launch_servers, serving_figures
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch_servers import parse_options
+from serving_figures import describe
 
 PARTS = ("submit→admitted", "admitted→stepped", "stepped→front", "front→caller")
 
@@ -75,12 +76,7 @@ async def bench(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, 
                 rows.append(row)
     out: dict[str, Any] = {"requests": len(rows), "input_len": args.input_len, "options": options}
     for key in ("ttft", *PARTS):
-        ms = np.array([r[key] for r in rows]) * 1e3
-        out[key] = {
-            "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(ms.mean()),
-        }
+        out[key] = describe([r[key] for r in rows])  # ms: mean, p50, p99
     return out
 
 
@@ -110,7 +106,7 @@ def main() -> None:
     print(f"{'':18} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for key in ("ttft", *PARTS):
         row = result[key]
-        print(f"{key:18} {row['p50_ms']:8.2f} {row['p99_ms']:8.2f} {row['mean_ms']:8.2f}")
+        print(f"{key:18} {row['p50']:8.2f} {row['p99']:8.2f} {row['mean']:8.2f}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import trio
-
 from rt.chaos import figures
 from rt.chaos.draw import draw_schedule
 from rt.chaos.ledger import Ledger
@@ -71,12 +69,15 @@ def model_path(run: RunConfig) -> str:
     return str(default_model_path())
 
 
-def served_on(url: str) -> tuple[str, str]:
+async def served_on(url: str) -> tuple[str, str]:
     """A running rt-serve's (device, dtype), from its /server_info."""
     import httpx
 
+    from rt.chaos.targets import ServerTarget
+
     try:
-        config = httpx.get(f"{url.rstrip('/')}/server_info", timeout=30.0).json()["config"]
+        async with httpx.AsyncClient() as http:
+            config = (await ServerTarget(url.rstrip("/"), http).info())["config"]
         return str(config["device"]), str(config["dtype"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
         raise RuntimeError(f"{url}: no rt-serve /server_info to read ({err!r})") from err
@@ -99,7 +100,7 @@ async def campaign(
         exact = None
         if run.mode == "attach" and run.url is not None:
             # a server started by someone else: where it runs decides how it can be judged
-            device, dtype = await trio.to_thread.run_sync(served_on, run.url)
+            device, dtype = await served_on(run.url)
             if device != "cpu":  # the GPU's kernels round otherwise than the CPU replay
                 say(f"the server runs on {device} in {dtype}: outputs are checked for splices")
                 exact = False

@@ -83,7 +83,7 @@ def test_server_info(default_server: Server) -> None:
         assert set(actor) >= {"name", "pid", "state", "restart_count", "last_exit_reason"}
 
 
-def test_server_info_says_where_auto_put_the_engine(default_server: Server) -> None:
+async def test_server_info_says_where_auto_put_the_engine(default_server: Server) -> None:
     """What rt-chaos reads before judging a server it attached to (rt.chaos.campaign):
     outputs of a GPU's kernels are not compared token for token with its CPU replay."""
     import torch
@@ -91,7 +91,7 @@ def test_server_info_says_where_auto_put_the_engine(default_server: Server) -> N
     from rt.chaos.campaign import served_on
 
     here = ("cuda", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
-    assert served_on(default_server.url) == here
+    assert await served_on(default_server.url) == here
 
 
 def test_metrics_parse_and_move(default_server: Server) -> None:

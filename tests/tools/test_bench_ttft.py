@@ -24,6 +24,6 @@ def test_it_reports_the_first_token_and_its_parts_on_one_clock() -> None:
     assert result["requests"] == 6 and result["input_len"] == 20
     # the parts come from clocks of three processes: all one clock, each part after the last
     for part in PARTS:
-        assert 0 < result[part]["p50_ms"] <= result[part]["p99_ms"], (part, result[part])
+        assert 0 < result[part]["p50"] <= result[part]["p99"], (part, result[part])
     # a 20-token prefill of the default model: the step is a share of it, never all
-    assert 0 < result["admitted→stepped"]["p50_ms"] < result["ttft"]["p50_ms"]
+    assert 0 < result["admitted→stepped"]["p50"] < result["ttft"]["p50"]
