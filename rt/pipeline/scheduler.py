@@ -41,7 +41,9 @@ heartbeat timer beating on meanwhile does not count), kills it and charges
 the death to the requests in the step. Each step's new tokens, for
 every request, go to the detokenizer in one frame stamped with this
 incarnation's epoch, each sequence's ids with their offset in its output
-(a resubmission's prior tokens included).
+(a resubmission's prior tokens included). A step with nothing to report (under
+overlap scheduling, a prefill alone: its token is read at the next step)
+sends no frame, which would only wake the detokenizer.
 """
 
 from __future__ import annotations
@@ -230,7 +232,10 @@ class SchedulerActor(Actor):
             if time.monotonic() >= self.report_due:
                 stats = self._stats(check=False)
                 self.report_due = time.monotonic() + BUSY_REPORT_EVERY_S
-            await send(ctx.outbox[OUT], self._frame(out, stats))
+            if out.outputs or self.refused or stats is not None:
+                await send(ctx.outbox[OUT], self._frame(out, stats))
+            else:  # a prefill whose token the next step reads: nothing to wake the detokenizer for
+                self.steps += 1
 
     async def _idle(self, ctx: ActorContext) -> None:
         """Wait for work. Once idle for IDLE_CHECK_S, check the KV invariants (a

@@ -7,6 +7,7 @@ with in-memory stand-ins for its rings; the last one runs the whole pipeline.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, cast
 
@@ -46,8 +47,10 @@ def null_config(path: Path, **kwargs: Any) -> EngineConfig:
     return EngineConfig(model_path=path, load_format="null", **kwargs)
 
 
-async def started(path: Path, incarnation: int = 1) -> tuple[SchedulerActor, ActorContext]:
-    actor = SchedulerActor(null_config(path), (TOK,))
+async def started(
+    path: Path, incarnation: int = 1, **config: Any
+) -> tuple[SchedulerActor, ActorContext]:
+    actor = SchedulerActor(null_config(path, **config), (TOK,))
     ctx = ActorContext(
         "scheduler",
         incarnation,
@@ -60,8 +63,8 @@ async def started(path: Path, incarnation: int = 1) -> tuple[SchedulerActor, Act
     return actor, ctx
 
 
-def scheduled(rid: str, n: int = 1, **kwargs: Any) -> Scheduled:
-    params = SamplingParams(temperature=0.0, max_new_tokens=50, ignore_eos=True, n=n)
+def scheduled(rid: str, n: int = 1, max_new_tokens: int = 50, **kwargs: Any) -> Scheduled:
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True, n=n)
     return Scheduled(rid, np.arange(3, 13), params, **kwargs)
 
 
@@ -194,6 +197,27 @@ def test_a_step_that_may_prefill_never_runs_inline(tiny_model: Path) -> None:
     for _ in range(10):  # decodes grew slow: off the trio thread again
         placement.record(engine.step(), 0.01)
     assert not placement.inline(engine)
+
+
+async def test_a_step_with_nothing_to_report_wakes_no_detokenizer(tiny_model: Path) -> None:
+    """Under overlap scheduling a prefill's token is read at the next step: the
+    prefill alone has nothing to say, and a frame would only wake the
+    detokenizer while that next step should run (on a first token's path)."""
+    actor, ctx = await started(tiny_model, overlap_schedule=True)
+    out = cast(FakeOutbox, ctx.outbox["sched-detok"])
+    deliver(actor, scheduled("a", max_new_tokens=4))
+    actor.report_due = math.inf  # no stats report rides on a step here
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor._loop, ctx)
+        while not any(s.finish_reason for f in out.sent for s in f.seqs):
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    steps = [f for f in out.sent if f.stats is None]
+    # one token a frame, from the first: no frame went out empty
+    assert [[(s.token_offset, len(s.ids)) for s in f.seqs] for f in steps] == [
+        [(i, 1)] for i in range(4)
+    ]
+    assert actor.steps == 5  # the prefill is still counted as a step
 
 
 @pytest.mark.slow
