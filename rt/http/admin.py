@@ -22,10 +22,22 @@ from rt.http.metrics import CONTENT_TYPE
 from rt.http.openai_api import served_name
 from rt.http.schemas import AbortRequest, parse
 
+PAUSED = "generation is paused (POST /continue_generation resumes it)"
+
+
+def _unready(front: Front) -> str | None:
+    """Why a request could not complete now: an actor down, or generation paused
+    (requests are still taken then, and held until it resumes)."""
+    reason = front.unhealthy()
+    if reason is None and front.engine.paused:
+        return PAUSED
+    return reason
+
 
 async def health(front: Front, ex: Exchange) -> None:
-    """200 only when every actor is running (a request can complete); 503 with the reason."""
-    reason = front.unhealthy()
+    """200 only when every actor is running and generation is not paused (a
+    request can complete); 503 with the reason."""
+    reason = _unready(front)
     if reason is None:
         await ex.json({"status": "ok"})
     else:
@@ -35,9 +47,7 @@ async def health(front: Front, ex: Exchange) -> None:
 async def health_generate(front: Front, ex: Exchange) -> None:
     """Generates one token, bypassing the queue limit. While generation is
     paused, nothing could come: 503 at once, not after the timeout."""
-    reason = front.unhealthy()
-    if reason is None and front.engine.paused:
-        reason = "generation is paused (POST /continue_generation resumes it)"
+    reason = _unready(front)
     if reason is not None:
         raise HTTPError(503, reason, headers=[("retry-after", "1")])
     rid = f"health-{uuid.uuid4().hex}"
@@ -71,7 +81,8 @@ async def server_info(front: Front, ex: Exchange) -> None:
             },
             "config": config,
             "server": settings,
-            "healthy": front.unhealthy() is None,
+            "healthy": _unready(front) is None,
+            "paused": front.engine.paused,
             "stopping": front.stopping,
             "requests_in_flight": len(front.in_flight),
             "scheduler": None if stats is None else _struct(stats),

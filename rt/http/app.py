@@ -53,7 +53,9 @@ ROUTES: dict[tuple[str, str], Route] = {
         openai_api.chat_completions, "OpenAI chat completions", body=True
     ),
     ("GET", "/v1/models"): Route(openai_api.models, "The served model"),
-    ("GET", "/health"): Route(admin.health, "200 when every actor runs; 503 and why", open=True),
+    ("GET", "/health"): Route(
+        admin.health, "200 when every actor runs, generation not paused; 503 and why", open=True
+    ),
     ("GET", "/health_generate"): Route(admin.health_generate, "Generate one token"),
     ("GET", "/server_info"): Route(admin.server_info, "Configuration, model, actors"),
     ("GET", "/get_server_info"): Route(admin.server_info, "Alias of /server_info (SGLang)"),

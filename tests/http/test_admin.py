@@ -228,9 +228,15 @@ async def test_pause_holds_streams_and_continue_resumes_them(default_server: Ser
         assert default_server.info()["scheduler"]["paused"] is True
         health = await client.get("/health_generate", timeout=10)  # at once, not after 20 s
         assert health.status_code == 503 and "paused" in health.json()["error"]["message"]
+        # no request can complete: a load balancer must not send more here
+        health = await client.get("/health")
+        assert health.status_code == 503 and "paused" in health.json()["reason"]
+        info = default_server.info()
+        assert info["paused"] is True and info["healthy"] is False
         resumed = await client.post("/continue_generation")
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
         assert (await client.get("/health_generate")).status_code == 200
+        assert (await client.get("/health")).status_code == 200
     assert events[-1]["output_ids"] == want["output_ids"]
     assert all(e["stepped_at"] > 0 for e in events)  # when the scheduler made each delta
     assert default_server.info()["scheduler"]["paused"] is False
