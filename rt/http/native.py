@@ -69,6 +69,11 @@ def renames(req: GenerateRequest) -> dict[str, str]:
     return names
 
 
+def prompt_field(req: GenerateRequest) -> str:
+    """The field that holds the prompt(s): what an error about them names."""
+    return "text" if req.text is not None else "input_ids"
+
+
 def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
     """The engine requests of one body, and whether it is a batch."""
     if (req.text is None) == (req.input_ids is None):
@@ -84,7 +89,10 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
     else:
         prompts, batch = [req.text if req.text is not None else req.input_ids], False
     if batch and not prompts:
-        raise HTTPError(400, "text: expected at least one prompt, got an empty batch", param="text")
+        field = prompt_field(req)
+        raise HTTPError(
+            400, f"{field}: expected at least one prompt, got an empty batch", param=field
+        )
     sampling = req.sampling_params
     if isinstance(sampling, list):
         if len(sampling) != len(prompts):

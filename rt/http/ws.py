@@ -174,8 +174,9 @@ class Connection:
             req = parse(GenerateRequest, body)  # (every WebSocket request streams)
             jobs, batch = native.build_jobs(self.front, req)
             if batch:
+                field = native.prompt_field(req)
                 raise HTTPError(
-                    400, "text: one prompt per frame (send one frame per prompt)", param="text"
+                    400, f"{field}: one prompt per frame (send one frame per prompt)", param=field
                 )
         except HTTPError as err:
             await self._answer(cid, err)

@@ -134,6 +134,11 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
             ),
             (json.dumps({"id": "h", "type": "generate", "text": "word " * 600}), "h", "context"),
             ('{"id": "i", "type": "generate", "text": "\\ud800"}', "i", "surrogate"),
+            (
+                json.dumps({"id": "j", "type": "generate", "input_ids": [[5], [6]]}),
+                "j",
+                "input_ids: one prompt per frame",
+            ),
         ]
         for frame, _, _ in bad:
             await ws.send_message(frame)
