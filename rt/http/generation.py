@@ -9,6 +9,7 @@ had, marked ``aborted``; the client leaving cancels everything at once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class Job:
     batch: str | None = None  # the rid of the batch this prompt is one of (rid-0, rid-1, …)
     where: str | None = None  # in a batch, the prompt's place in the body: "text[2]"
     params_where: str | None = None  # its own sampling parameters': "sampling_params[2]"
+    # the prompt alone is wanted (scored, echoed): the one token generated is dropped
+    prompt_only: bool = False
 
 
 @dataclass
@@ -134,6 +137,8 @@ async def _run_one(
             try:
                 with tracked.scope:
                     async for delta in stream:
+                        if job.prompt_only:
+                            delta = _without_output(delta)
                         tracked.on_delta(delta)
                         result.add(delta)
                         if result.kept_ids is None:
@@ -163,6 +168,17 @@ async def _run_one(
         cancel_all.cancel()
         return
     results[i] = result
+
+
+def _without_output(delta: Delta) -> Delta:
+    """``delta`` less its tokens, text and their logprobs (the prompt's it keeps)."""
+    return dataclasses.replace(
+        delta,
+        text="",
+        output_ids=(),
+        logprobs=None if delta.logprobs is None else (),
+        top_logprobs=None if delta.top_logprobs is None else (),
+    )
 
 
 PROMPT_FIELDS = ("prompt", "text", "input_ids")

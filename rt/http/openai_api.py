@@ -161,9 +161,11 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
             400, f"best_of: only equal to n ({n}) is supported, got {req.best_of}", param="best_of"
         )
     prompts = _prompts(req.prompt)
-    options = engine_options(
-        front, req, req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-    )
+    # echo with max_tokens 0 scores the prompt, generating nothing (OpenAI's and vLLM's
+    # way): the engine draws one token, which is dropped
+    prompt_only = bool(req.echo) and req.max_tokens == 0
+    max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+    options = engine_options(front, req, 1 if prompt_only else max_tokens)
     if req.logprobs is not None:
         options["logprobs"] = True
         options["top_logprobs"] = req.logprobs
@@ -175,6 +177,8 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
     jobs = _jobs(prompts, options, req.rid or cid)
+    for job in jobs:
+        job.prompt_only = prompt_only
     if req.echo:  # echo decodes the ids here, before the engine has checked them
         _check_ids(prompts, front.vocab_size)
     echoes = [

@@ -206,6 +206,27 @@ def test_completion_echo_with_logprobs_covers_the_prompt(client: openai.OpenAI) 
     assert streamed[0] is None and streamed[1:] == pytest.approx(values[1:], abs=1e-4)
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(client: openai.OpenAI) -> None:
+    """OpenAI's and vLLM's way to score a prompt: echo it with its logprobs and
+    generate nothing (max_tokens 0 without echo is still refused, below)."""
+    kwargs = {"model": model_id(client), "prompt": "In the beginning", "logprobs": 1, "echo": True}
+    scored = client.completions.create(**kwargs, max_tokens=0)  # type: ignore[call-overload]
+    full = client.completions.create(**kwargs, max_tokens=2, temperature=0.0)  # type: ignore[call-overload]
+    (choice,) = scored.choices
+    assert choice.text == "In the beginning" and choice.finish_reason == "length"
+    assert scored.usage is not None and scored.usage.completion_tokens == 0
+    assert scored.usage.prompt_tokens == full.usage.prompt_tokens  # type: ignore[union-attr]
+    lp, full_lp = choice.logprobs, full.choices[0].logprobs
+    assert lp is not None and full_lp is not None
+    prompt_len = len(full_lp.tokens or []) - 2
+    assert lp.tokens == (full_lp.tokens or [])[:prompt_len]
+    assert lp.token_logprobs == pytest.approx((full_lp.token_logprobs or [])[:prompt_len], abs=1e-4)
+    chunks = list(client.completions.create(**kwargs, max_tokens=0, stream=True))  # type: ignore[call-overload]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "In the beginning"
+    streamed = [t for c in chunks if c.choices for t in (c.choices[0].logprobs.tokens or [])]  # type: ignore[union-attr]
+    assert streamed == lp.tokens
+
+
 def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     model = model_id(client)
     with pytest.raises(openai.BadRequestError, match="temperature"):
