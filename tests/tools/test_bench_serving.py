@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -225,7 +226,11 @@ def test_the_table_shows_every_run_and_dashes_for_missing_figures() -> None:
     }  # fmt: skip
     text = bs.table({"runs": [run]})
     header, row = text.splitlines()
-    assert "TTFT p50" in header and "step→cl p50" in header
+    for figure in ("TTFT", "ITL", "TPOT", "E2E"):  # each with its mean, p50 and p99
+        assert re.search(figure + r" mean +p50 +p99 ", header)
+    assert "step→cl p50" in header
+    cells = row.split()
+    assert cells[8:11] == ["100.0"] * 3  # TTFT mean, p50, p99 of one 0.1 s request
     assert row.split()[:4] == ["rt", "openai", "16", "1"] and row.split()[-2:] == ["-", "-"]
 
 
