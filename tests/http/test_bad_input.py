@@ -1,12 +1,14 @@
 """Bad input never takes anything down and never gets a 5xx: a listed case
 each gets a 4xx whose message names the field; then a hypothesis fuzzer
 (bounded: ``derandomize``, a fixed number of examples, small token budgets)
-sends arbitrary bodies to every endpoint, and afterwards no actor has
-restarted and the server is healthy. On the shared default-model server."""
+sends arbitrary bodies to every endpoint (a stream's error events included)
+and arbitrary frames to /ws, and afterwards no actor has restarted, the log
+has no traceback and the server is healthy. On the shared default-model server."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -14,11 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serverlib import Server
+from trio_websocket import open_websocket_url
 
 FUZZ_BUDGET_S = 25.0
+WS_FUZZ_BUDGET_S = 15.0
 ONE = {"max_new_tokens": 2}
 MSG = [{"role": "user", "content": "hi"}]
 # (path, body (a dict, or raw bytes), a word the error message must contain)
@@ -247,18 +252,16 @@ MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "robot"]) | JSON},
     optional={"content": st.text(max_size=20) | JSON, "name": JSON},
 )
+GENERATE = fields(
+    text=PROMPT,
+    input_ids=st.lists(st.integers(-5, 5000), max_size=8),
+    stream=st.booleans(),
+    return_logprob=st.booleans(),
+    top_logprobs_num=st.integers(-1, 5),
+    rid=st.text(max_size=8),
+).flatmap(lambda d: SAMPLING.map(lambda s: {**d, "sampling_params": s}))
 BODIES = st.one_of(
-    st.tuples(
-        st.just("/generate"),
-        fields(
-            text=PROMPT,
-            input_ids=st.lists(st.integers(-5, 5000), max_size=8),
-            stream=st.booleans(),
-            return_logprob=st.booleans(),
-            top_logprobs_num=st.integers(-1, 5),
-            rid=st.text(max_size=8),
-        ).flatmap(lambda d: SAMPLING.map(lambda s: {**d, "sampling_params": s})),
-    ),
+    st.tuples(st.just("/generate"), GENERATE),
     st.tuples(
         st.just("/v1/completions"),
         fields(prompt=PROMPT, echo=st.booleans(), logprobs=st.integers(-1, 5), **OPENAI).map(
@@ -308,11 +311,101 @@ def test_fuzz_every_endpoint(default_server: Server, client: httpx.Client) -> No
         path, body = case
         response = post(client, path, body)
         assert response.status_code < 500, (path, body, response.text)
+        # a stream's error after its first event is an event, under the 200
+        assert not any(_is_5xx(e) for e in events(response)), (path, body, response.text)
 
+    logged = len(default_server.log)
     no_5xx()
+    assert not [line for line in default_server.log[logged:] if "Traceback" in line]
     for method, path in [("GET", "/health"), ("GET", "/health_generate"), ("GET", "/server_info")]:
         assert client.request(method, path).status_code == 200
     assert {a["name"]: a["restart_count"] for a in default_server.info()["actors"]} == restarts
+    assert default_server.info()["requests_in_flight"] == 0
+
+
+def events(response: httpx.Response) -> list[Any]:
+    """The JSON events of a server-sent event stream (none for another body)."""
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        return []
+    return [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
+    ]
+
+
+def _is_5xx(event: dict[str, Any]) -> bool:
+    code = event.get("error", {}).get("code") if isinstance(event.get("error"), dict) else None
+    return isinstance(code, int) and code >= 500
+
+
+# WebSocket frames: generate bodies under ids that collide, cancels, and junk text or bytes
+WS_ID = st.sampled_from(["a", "b", 1]) | JSON
+WS_FRAMES = st.lists(
+    st.builds(
+        lambda body, cid, kind: json.dumps({**body, "id": cid, "type": kind}),
+        GENERATE,
+        WS_ID,
+        st.sampled_from(["generate", "generate", "cancel"]) | JSON,
+    )
+    | st.builds(lambda cid: json.dumps({"id": cid, "type": "cancel"}), WS_ID)
+    | st.text(max_size=40)
+    | st.binary(max_size=40),
+    min_size=1,
+    max_size=6,
+)
+
+
+async def _ws_round(port: int, frames: list[str | bytes], n: int) -> list[dict[str, Any]]:
+    """Send ``frames`` on one connection, then a one-token request, and read up to
+    its ``done``: the connection must carry it whatever came before."""
+    sentinel = f"sentinel-{n}"
+    replies = []
+    async with open_websocket_url(f"ws://127.0.0.1:{port}/ws") as ws:
+        for frame in frames:
+            await ws.send_message(frame)
+        last = {"id": sentinel, "type": "generate", "input_ids": [5], "sampling_params": ONE}
+        await ws.send_message(json.dumps(last))
+        with trio.fail_after(60):
+            while True:
+                reply = json.loads(await ws.get_message())
+                replies.append(reply)
+                if reply.get("id") == sentinel and reply["type"] in ("done", "error"):
+                    break
+    assert reply["type"] == "done", reply
+    return replies
+
+
+def test_fuzz_websocket_frames(default_server: Server, client: httpx.Client) -> None:
+    """Arbitrary frames on one connection: each bad one an error frame under 500,
+    and the connection still serves the next request."""
+    restarts = {a["name"]: a["restart_count"] for a in default_server.info()["actors"]}
+    deadline = time.monotonic() + WS_FUZZ_BUDGET_S
+    rounds = itertools.count()
+
+    @settings(
+        max_examples=200,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(WS_FRAMES)
+    def no_5xx(frames: list[str | bytes]) -> None:
+        if time.monotonic() > deadline:
+            return
+        replies = trio.run(_ws_round, default_server.port, frames, next(rounds))
+        bad = [r for r in replies if r["type"] == "error" and r["status"] >= 500]
+        assert not bad, (frames, bad)
+
+    logged = len(default_server.log)
+    no_5xx()
+    assert next(rounds) > 10  # examples ran, not only drawn
+    assert not [line for line in default_server.log[logged:] if "Traceback" in line]
+    assert client.get("/health").status_code == 200
+    assert {a["name"]: a["restart_count"] for a in default_server.info()["actors"]} == restarts
+    for _ in range(100):  # each connection's requests end as it closes
+        if default_server.info()["requests_in_flight"] == 0:
+            break
+        time.sleep(0.1)
     assert default_server.info()["requests_in_flight"] == 0
 
 
