@@ -217,8 +217,8 @@ def test_a_port_in_use_is_a_line_before_the_engine_starts(
 
 
 @pytest.mark.slow
-async def test_sigterm_refuses_new_requests_drains_and_exits_0(tmp_path: Path) -> None:
-    sig = signal.SIGTERM  # SIGINT takes the same path in the engine; it is sent at start-up below
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_refuses_new_requests_drains_and_exits_0(tmp_path: Path, sig: int) -> None:
     plan = write_plan(tmp_path / "slow.json", SLOW_STEPS)
     server = start_server("--load-format=null", f"--fault-plan={plan}", "--drain-timeout=60")
     try:
@@ -254,6 +254,25 @@ async def test_sigterm_refuses_new_requests_drains_and_exits_0(tmp_path: Path) -
     assert any(f"stopped by {signal.Signals(sig).name}" in line for line in server.log), server.log[
         -5:
     ]
+
+
+@pytest.mark.slow
+def test_a_slow_start_says_it_is_still_starting(tmp_path: Path) -> None:
+    """While the model loads (here a scheduler slow to start), a line every few
+    seconds says rt-serve is still at it, before the one that says it is ready."""
+    slow = {
+        "seed": 1,
+        "faults": [{"actor": "scheduler", "point": "startup", "action": "delay", "delay_ms": 6000}],
+    }
+    server = start_server(
+        "--load-format=null", f"--fault-plan={write_plan(tmp_path / 'p.json', slow)}"
+    )
+    try:
+        still = [i for i, line in enumerate(server.log) if "still starting" in line]
+        ready = next(i for i, line in enumerate(server.log) if "rt-serve ready on" in line)
+        assert still and still[0] < ready, server.log
+    finally:
+        assert server.stop() == 0
 
 
 @pytest.mark.slow
