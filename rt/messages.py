@@ -61,6 +61,7 @@ class GenerateRequest(Message, frozen=True):
     allow_auto_truncate: bool = False
     priority: int = 0
     truncated: int = 0  # ids the frontend cut already (past the context length)
+    keep_last: int = 0  # truncate_prompt_tokens: at most this many ids, the prompt's last (0: all)
     # max_new_tokens is the room the prompt leaves in the context (the caller gave
     # None: OpenAI's chat default); the tokenizer sets it once it knows the prompt
     to_context: bool = False

@@ -21,7 +21,9 @@ Refused (where SGLang's and vLLM's servers answer 400):
 * more prompt ids than the context length (ContextOverflowError) without
   ``allow_auto_truncate``; with it, the ids before the last context length's
   worth are cut here (the tokenizer then cuts to the room ``max_new_tokens``
-  leaves, and ``truncated_tokens`` counts both);
+  leaves, and ``truncated_tokens`` counts both). ``truncate_prompt_tokens``
+  (vLLM's) asks for it per request: k keeps the prompt's last k tokens (ids are
+  cut here, text once tokenized), -1 is ``allow_auto_truncate``;
 * a prompt given as an empty list of ids or of messages (text may be empty:
   the tokenizer may add a BOS token, and says so if it does not);
 * chat messages that are not objects with a string ``role`` and a
@@ -76,6 +78,7 @@ OTHER_FIELDS = {
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "allow_auto_truncate",
+    "truncate_prompt_tokens",
     "priority",
     "rid",
 }
@@ -121,10 +124,13 @@ def build_request(
             f"{sorted(SAMPLING_FIELDS)} or {sorted(OTHER_FIELDS)}"
         )
     truncate = _flag(options, "allow_auto_truncate", False)
+    keep_last = _keep_last(options.get("truncate_prompt_tokens"))
+    if keep_last < 0:  # -1: to the context, as allow_auto_truncate
+        truncate, keep_last = True, 0
     overflow = None  # raised once the other arguments are checked: a bad one is named first
     try:
         text, input_ids, messages, cut = _prompt(
-            prompt, options, vocab_size, context_length, truncate
+            prompt, options, vocab_size, context_length, truncate, keep_last
         )
     except ContextOverflowError as err:
         overflow, (text, input_ids, messages, cut) = err, (None, None, None, 0)
@@ -175,6 +181,7 @@ def build_request(
             allow_auto_truncate=truncate,
             priority=priority,
             truncated=cut,
+            keep_last=keep_last,
             to_context=to_context,
         )
     )
@@ -183,12 +190,25 @@ def build_request(
 # ---- the prompt -------------------------------------------------------------------
 
 
+def _keep_last(value: Any) -> int:
+    """``truncate_prompt_tokens``: 0 (not given), -1 (to the context) or k >= 1."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value >= 1):
+        raise InvalidRequestError(
+            "truncate_prompt_tokens: expected a number of tokens >= 1 (the prompt's last are "
+            f"kept) or -1 (cut to the context), got {show(value)}"
+        )
+    return min(value, INT64_MAX)
+
+
 def _prompt(
     prompt: Any,
     options: Mapping[str, Any],
     vocab_size: int,
     context_length: int | None,
     truncate: bool,
+    keep_last: int = 0,
 ) -> tuple[str | None, tuple[int, ...] | None, tuple[ChatMessage, ...] | None, int]:
     """The prompt in its one form, and how many ids were cut from its start."""
     given = {
@@ -214,15 +234,16 @@ def _prompt(
         raise InvalidRequestError(f"{name}: expected {PROMPT_KINDS[name]}, got an empty list")
     if name == "messages" or (name == "prompt" and isinstance(value[0], Mapping)):
         return None, None, _messages(name, value), 0
-    cut = 0
+    cut = max(len(value) - keep_last, 0) if keep_last else 0
+    value = value[cut:]
     if context_length is not None and len(value) > context_length:
         if not truncate:
             raise ContextOverflowError(
                 f"the prompt has {len(value)} tokens, more than the context length "
                 f"{context_length}; shorten the prompt or set allow_auto_truncate"
             )
-        cut = len(value) - context_length  # the end stays, as the tokenizer's cut keeps it
-        value = value[cut:]
+        cut += len(value) - context_length  # the end stays, as the tokenizer's cut keeps it
+        value = value[-context_length:]
     return None, _token_ids(name, value, vocab_size, cut), None, cut
 
 

@@ -217,8 +217,12 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
         for name in ("max_new_tokens", "min_new_tokens"):
             if rename and name in rename:
                 message = re.sub(rf"\b{name}\b", rename[name], message)
+        # (the OpenAI endpoints, whose max_tokens or max_completion_tokens it is, take it)
+        per_request = (rename or {}).get("max_new_tokens", "").startswith("max_")
         message = message.replace(
-            "set allow_auto_truncate", "start the server with --allow-auto-truncate"
+            "set allow_auto_truncate",
+            "start the server with --allow-auto-truncate"
+            + (" (or send truncate_prompt_tokens)" if per_request else ""),
         )
         param = (rename or {}).get(asked) if asked else None
         return HTTPError(400, message, param=param, code="context_length_exceeded")

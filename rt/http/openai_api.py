@@ -49,6 +49,7 @@ _SAMPLING = {
     "skip_special_tokens": "skip_special_tokens",
     "spaces_between_special_tokens": "spaces_between_special_tokens",
     "priority": "priority",
+    "truncate_prompt_tokens": "truncate_prompt_tokens",
 }
 
 
@@ -172,7 +173,11 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         options["prompt_logprobs"] = bool(req.echo)  # echo's tokens come with theirs
     if req.logprobs is not None or (
         req.echo
-        and (front.settings.allow_auto_truncate or not all(isinstance(p, str) for p in prompts))
+        and (
+            front.settings.allow_auto_truncate
+            or req.truncate_prompt_tokens is not None
+            or not all(isinstance(p, str) for p in prompts)
+        )
     ):
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"

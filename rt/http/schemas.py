@@ -115,6 +115,10 @@ class OpenAISampling(BaseModel):
     spaces_between_special_tokens: bool | None = None
     rid: str | None = Field(default=None, description="the request id, for /abort_request")
     priority: int | None = None
+    truncate_prompt_tokens: int | None = Field(
+        default=None,
+        description="keep the prompt's last k tokens; -1: cut it to fit the context (vLLM)",
+    )
     # Accepted and ignored: they change nothing about the output (rt's prefix
     # cache needs no key).
     user: str | None = None

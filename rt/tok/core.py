@@ -105,7 +105,7 @@ class TokenizerCore:
         data = text.encode("utf-8", "surrogatepass")
         if len(data) <= limit:
             return text
-        if not req.allow_auto_truncate:
+        if not (req.allow_auto_truncate or req.keep_last):
             raise ContextOverflowError(
                 f"the prompt is {len(data)} bytes, more than the context length "
                 f"{self.context_length} can hold in tokens of this tokenizer (at most "
@@ -182,6 +182,8 @@ class TokenizerCore:
             raise InvalidRequestError(
                 f"input_ids: expected token ids in [0, {self.vocab_size}), got {bad!r}"
             )
+        truncated = max(len(ids) - req.keep_last, 0) if req.keep_last else 0
+        ids = ids[truncated:]  # truncate_prompt_tokens: the prompt's last keep_last
         sampling = req.sampling
         if req.to_context:  # max_new_tokens: the room the prompt leaves
             room = self.context_length - len(ids)
@@ -196,12 +198,11 @@ class TokenizerCore:
                 )
         sampling.validate(self.vocab_size)
         budget = self.context_length - sampling.max_new_tokens
-        truncated = 0
         if len(ids) > budget:
             if not req.allow_auto_truncate or budget < 1:
                 raise ContextOverflowError(self._overflow(req, len(ids), sampling))
-            truncated = len(ids) - budget
-            ids = ids[truncated:]  # keep the end of the prompt: the part the answer follows
+            truncated += len(ids) - budget
+            ids = ids[-budget:]  # keep the end of the prompt: the part the answer follows
         start = sampling.logprob_start_len
         if sampling.prompt_logprobs and start >= len(ids):
             raise InvalidRequestError(

@@ -301,6 +301,12 @@ def other_args() -> dict[str, Arg]:
         "skip_special_tokens": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "spaces_between_special_tokens": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "allow_auto_truncate": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
+        "truncate_prompt_tokens": arg(
+            st.none() | st.just(-1) | st.integers(1, 10**20),
+            st.one_of(NOT_NUMBER, st.floats(), st.integers(max_value=0).filter(lambda v: v != -1)),
+            ok_edges=[None, -1, 1, I64_MAX, 10**30],
+            bad_edges=[0, -2, I64_MIN, 1.5, "3", True],
+        ),
         "priority": arg(
             st.integers(-5, 5) | st.integers(I64_MIN, I64_MAX),
             NOT_INT,

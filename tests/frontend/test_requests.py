@@ -157,6 +157,10 @@ REFUSED = [
     pytest.param("hi", {"skip_special_tokens": "no"}, r"skip_special_tokens: expected true or false, got 'no'", id="skip-string"),
     pytest.param("hi", {"spaces_between_special_tokens": 0}, r"spaces_between_special_tokens: expected true or false, got 0", id="spaces-int"),
     pytest.param("hi", {"allow_auto_truncate": None}, r"allow_auto_truncate: expected true or false, got None", id="truncate-none"),
+    pytest.param("hi", {"truncate_prompt_tokens": 0}, r"truncate_prompt_tokens: expected a number of tokens >= 1 .* or -1 .* got 0", id="keep-0"),
+    pytest.param("hi", {"truncate_prompt_tokens": -2}, r"truncate_prompt_tokens: .* got -2", id="keep-negative"),
+    pytest.param("hi", {"truncate_prompt_tokens": 2.0}, r"truncate_prompt_tokens: .* got 2.0", id="keep-float"),
+    pytest.param("hi", {"truncate_prompt_tokens": True}, r"truncate_prompt_tokens: .* got True", id="keep-bool"),
     pytest.param("hi", {"priority": "high"}, r"priority: expected an integer, got 'high'", id="priority-string"),
     pytest.param("hi", {"priority": 1.5}, r"priority: expected an integer, got 1.5", id="priority-float"),
     pytest.param("hi", {"priority": True}, r"priority: expected an integer, got True", id="priority-bool"),
@@ -322,3 +326,23 @@ def test_float_fields_are_the_sampling_parameters_typed_float() -> None:
         "temperature",
         "top_p",
     ]
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end() -> None:
+    """vLLM's per-request truncation: k keeps the last k ids (cut here, counted as
+    truncated; a text is cut by the tokenizer), -1 cuts to the context as
+    allow_auto_truncate does."""
+    ids = list(range(10, 30))
+    req = build_request(None, {"input_ids": ids, "truncate_prompt_tokens": 5}, VOCAB, 16)
+    assert req.input_ids == tuple(ids[-5:]) and req.truncated == 15 and not req.allow_auto_truncate
+    short = build_request(None, {"input_ids": ids[:3], "truncate_prompt_tokens": 5}, VOCAB, 16)
+    assert short.input_ids == tuple(ids[:3]) and short.truncated == 0
+    to_context = build_request(None, {"input_ids": ids, "truncate_prompt_tokens": -1}, VOCAB, 16)
+    assert to_context.allow_auto_truncate and to_context.keep_last == 0
+    assert to_context.input_ids == tuple(ids[-16:]) and to_context.truncated == 4
+    text = build_request("a long text", {"truncate_prompt_tokens": 3}, VOCAB, 16)
+    assert text.keep_last == 3 and text.text == "a long text"
+    # a bad id the cut drops is no matter; one it keeps is named where the caller put it
+    assert build_request(None, {"input_ids": [-1, 5], "truncate_prompt_tokens": 1}, VOCAB, 16)
+    with pytest.raises(InvalidRequestError, match=r"input_ids\[1\]: expected a token id"):
+        build_request(None, {"input_ids": [5, -1], "truncate_prompt_tokens": 1}, VOCAB, 16)

@@ -293,17 +293,22 @@ BODIES = st.one_of(
 )
 
 
-def test_fuzz_every_endpoint(default_server: Server, client: httpx.Client) -> None:
-    restarts = {a["name"]: a["restart_count"] for a in default_server.info()["actors"]}
-    deadline = time.monotonic() + FUZZ_BUDGET_S
-
-    @settings(
-        max_examples=400,
+def fuzzing(examples: int) -> Any:
+    """Bounded and the same every run: a fixed number of examples, derandomized."""
+    return settings(
+        max_examples=examples,
         deadline=None,
         derandomize=True,
         database=None,
         suppress_health_check=list(HealthCheck),
     )
+
+
+def test_fuzz_every_endpoint(default_server: Server, client: httpx.Client) -> None:
+    restarts = {a["name"]: a["restart_count"] for a in default_server.info()["actors"]}
+    deadline = time.monotonic() + FUZZ_BUDGET_S
+
+    @fuzzing(400)
     @given(BODIES)
     def no_5xx(case: tuple[str, Any]) -> None:
         if time.monotonic() > deadline:
@@ -381,13 +386,7 @@ def test_fuzz_websocket_frames(default_server: Server, client: httpx.Client) -> 
     deadline = time.monotonic() + WS_FUZZ_BUDGET_S
     rounds = itertools.count()
 
-    @settings(
-        max_examples=200,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzzing(200)
     @given(WS_FRAMES)
     def no_5xx(frames: list[str | bytes]) -> None:
         if time.monotonic() > deadline:

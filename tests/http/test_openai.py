@@ -227,6 +227,39 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(client: openai.OpenAI) -
     assert streamed == lp.tokens
 
 
+def test_truncate_prompt_tokens_cuts_one_request_on_a_server_that_cuts_none(
+    client: openai.OpenAI,
+) -> None:
+    """vLLM's per-request truncation, where the server has no --allow-auto-truncate:
+    k keeps the prompt's last k tokens, -1 cuts a prompt to fit the context."""
+    model = model_id(client)
+    over = client.completions.create(
+        model=model, prompt="word " * 600, max_tokens=4, extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert over.usage is not None and over.usage.prompt_tokens == 512 - 4
+    prompt = "In the beginning God created the heaven and the earth"
+    kept = client.completions.create(  # echoes the prompt the model read
+        model=model,
+        prompt=prompt,
+        max_tokens=0,
+        echo=True,
+        logprobs=0,
+        extra_body={"truncate_prompt_tokens": 5},
+    )
+    assert kept.usage is not None and kept.usage.prompt_tokens == 5
+    tokens = kept.choices[0].logprobs.tokens  # type: ignore[union-attr]
+    assert tokens is not None and len(tokens) == 5
+    assert kept.choices[0].text == "".join(tokens) and prompt.endswith(kept.choices[0].text)
+    chat = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=1, extra_body={"truncate_prompt_tokens": 3}
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens == 3
+    with pytest.raises(openai.BadRequestError, match=r"truncate_prompt_tokens: .* got 0"):
+        client.completions.create(
+            model=model, prompt="x", max_tokens=1, extra_body={"truncate_prompt_tokens": 0}
+        )
+
+
 def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     model = model_id(client)
     with pytest.raises(openai.BadRequestError, match="temperature"):
@@ -235,6 +268,7 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
         client.completions.create(model=model, prompt="x", max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="--allow-auto-truncate") as err:
         client.completions.create(model=model, prompt="word " * 300, max_tokens=400)
+    assert "(or send truncate_prompt_tokens)" in err.value.message
     assert err.value.code == "context_length_exceeded"
     assert "max_tokens is 400" in err.value.message  # the field this endpoint takes
     assert err.value.param == "max_tokens"

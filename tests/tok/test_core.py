@@ -73,6 +73,28 @@ def test_context_overflow_is_refused_or_truncated(core, tokenizer) -> None:
     assert refused.message.endswith("; lower max_new_tokens"), refused.message
 
 
+def test_truncate_prompt_tokens_keeps_the_last_tokens_of_a_text(core, tokenizer) -> None:
+    text = "a b c d e f g h i j k l"
+    full = tokenizer.encode(text)
+    ((sched, tok),) = core.process([GenerateRequest("k", text=text, keep_last=4)])
+    assert sched.input_ids.tolist() == full[-4:] and tok.truncated == len(full) - 4
+    # then the room max_new_tokens leaves: the context is 256
+    sampling = SamplingParams(max_new_tokens=254)
+    ((sched, tok),) = core.process(
+        [
+            GenerateRequest(
+                "both", text=text, keep_last=4, sampling=sampling, allow_auto_truncate=True
+            )
+        ]
+    )
+    assert sched.input_ids.tolist() == full[-2:] and tok.truncated == len(full) - 2
+    (refused,) = core.process([GenerateRequest("over", text=text, keep_last=4, sampling=sampling)])
+    assert isinstance(refused, Refused) and refused.error == "ContextOverflowError"
+    # a text past any tokenization's bound is cut before it is encoded, not refused
+    ((sched, _),) = core.process([GenerateRequest("huge", text="a " * 4_000_000, keep_last=3)])
+    assert len(sched.input_ids) == 3 and set(tokenizer.decode(sched.input_ids).split()) == {"a"}
+
+
 def test_prompt_logprobs_from_a_position_past_the_prompt_are_refused(core) -> None:
     def asking(rid: str, start: int, logprobs: bool = True) -> GenerateRequest:
         sampling = SamplingParams(prompt_logprobs=logprobs, logprob_start_len=start)
