@@ -73,6 +73,8 @@ class EngineCore:
         self.running: list[Req] = []
         self.chunked: Req | None = None
         self.reqs: dict[str, list[Req]] = {}
+        self._left: dict[str, int] = {}  # per rid, its samples not finished yet
+        self._ended = 0  # finished since running and waiting were last cleared of them
         self._incoming: deque[Req] = deque()
         self._commands: deque[tuple[str, str, int | None]] = deque()  # (what, rid, index)
         self._arrival = itertools.count()
@@ -179,6 +181,7 @@ class EngineCore:
             children.append(req)
         if children:
             self.reqs[rid] = children
+            self._left[rid] = len(children)
             self._incoming.extend(children)
 
     def abort(self, rid: str) -> None:
@@ -294,13 +297,15 @@ class EngineCore:
             rows = [self._sample_row(r) for r in to_sample]
             drawn = sample_async(logits, rows, self.runner.ops.sampling_kernel)
             self._pending = _Pending(drawn, to_sample, [len(r.output_ids) for r in to_sample])
+            done = set()
             for i, req in enumerate(to_sample):
                 if req.finish_reason is not None:  # ended as the last step was read
                     continue
                 req.output_ids.append(-(i + 1))
-                if self._must_end(req, req.num_new) and req in self.running:
-                    # done whatever was drawn: not decoded again (its KV stays till read)
-                    self.running.remove(req)
+                if self._must_end(req, req.num_new):
+                    done.add(req)  # done whatever was drawn: not decoded again (KV stays till read)
+            if done:
+                self.running = [r for r in self.running if r not in done]
         if not self.overlap:
             self._resolve(out)
 
@@ -345,6 +350,7 @@ class EngineCore:
                 del req.output_ids[at + 1 :]  # a token of the step after, never to be read
                 self._finish(req, reason, o)
             out.outputs.append(o)
+        self._drop_ended()
 
     def _prompt_logprobs(
         self, items: list[ScheduledReq], batch: ForwardBatch, logits: torch.Tensor
@@ -398,19 +404,27 @@ class EngineCore:
         req.finish_reason = reason
         if req.row >= 0:
             self.cache.release(req, cache=reason != "abort")
-        if req in self.running:
-            self.running.remove(req)
-        if req in self.waiting:
-            self.waiting.remove(req)
+        self._ended += 1  # out of running and waiting at the end of the pass (_drop_ended)
         if req is self.chunked:
             self.chunked = None
         o.finish_reason, o.matched_stop = reason, req.matched_stop
         o.prompt_tokens = len(req.input_ids)
         o.completion_tokens = req.num_new
         o.cached_tokens = req.cached_tokens or 0
-        children = self.reqs.get(req.rid, [])
-        if all(c.finish_reason is not None for c in children):
+        left = self._left.pop(req.rid, 1) - 1  # its samples still going
+        if left > 0:
+            self._left[req.rid] = left
+        else:
             self.reqs.pop(req.rid, None)
+
+    def _drop_ended(self) -> None:
+        """Take the requests that ended out of ``running`` and ``waiting``, once a
+        pass: one list walk each per request was quadratic (a client leaving 100
+        prompts of n=1024 held a step for 35 s, and the watchdog killed it)."""
+        if self._ended:
+            self._ended = 0
+            self.running = [r for r in self.running if r.finish_reason is None]
+            self.waiting = [r for r in self.waiting if r.finish_reason is None]
 
     def _apply_commands(self, out: StepOutput) -> None:
         if self._commands:
@@ -430,6 +444,7 @@ class EngineCore:
                     )
                     self._finish(req, reason, o)
                     out.outputs.append(o)
+        self._drop_ended()
 
     # ---- cache ---------------------------------------------------------------
 

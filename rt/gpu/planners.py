@@ -97,7 +97,6 @@ class PrefillPlanner:
             if req.cached_tokens is None:
                 req.cached_tokens = prefix_len
                 req.admitted_at = time.monotonic()
-            waiting.remove(req)
             out.items.append(ScheduledReq(req, n, slots))
             out.admitted.append(req)
             reserve += self._reserve_pages([req], ratio)
@@ -106,6 +105,9 @@ class PrefillPlanner:
             if n < extend:
                 out.chunked = req
                 break
+        if out.admitted:  # in one walk: one per request was quadratic in a long queue
+            admitted = set(out.admitted)
+            waiting[:] = [r for r in waiting if r not in admitted]
         return out
 
 

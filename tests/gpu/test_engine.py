@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,47 @@ def test_abort_and_external_finish(checkpoints: dict[str, Path]) -> None:
         assert res[key]["final"].finish_reason == "length"
         assert len(res[key]["tokens"]) == 30
     assert not engine.has_work
+    engine.check_integrity()
+
+
+def test_ending_fifty_thousand_samples_at_once_is_linear(checkpoints: dict[str, Path]) -> None:
+    """A client leaving 100 prompts of n=1024: each ended sample took itself out of
+    the running and waiting lists one list walk at a time, which held the step
+    that applied the aborts for 35 s, and the watchdog killed the scheduler.
+    Aborted last-queued first (each walk then went the whole way), these 51,200
+    took 24 s; now a fraction of a second (a wide margin here)."""
+    engine = null_engine(checkpoints["llama"], max_total_tokens=1 << 20, max_running_requests=256)
+    n, prompts = 1024, 50
+    for i in range(prompts):
+        engine.add_request(f"r{i}", [5, 6, 7, 8 + i], SamplingParams(max_new_tokens=4, n=n))
+    for _ in range(3):  # some running, some finished, most waiting
+        engine.step()
+    left = sum(len(children) for children in engine.reqs.values())
+    assert left > 40_000
+    for i in reversed(range(prompts)):
+        engine.abort(f"r{i}")
+    started = time.perf_counter()
+    out = engine.step()
+    assert time.perf_counter() - started < 3.0
+    assert sum(o.finish_reason == "abort" for o in out.outputs) == left
+    assert not engine.reqs and not engine.running and not engine.waiting and not engine.has_work
+    engine.check_integrity()
+
+
+def test_a_request_leaves_once_its_last_sample_ends(checkpoints: dict[str, Path]) -> None:
+    engine = null_engine(checkpoints["llama"])
+    engine.add_request("r", [5, 6, 7], SamplingParams(max_new_tokens=50, n=3, ignore_eos=True))
+    engine.step()
+    engine.finish("r", 1)
+    engine.step()
+    assert "r" in engine.reqs and len(engine.running) == 2
+    engine.finish("r", 0)
+    engine.finish("r", 0)  # twice: counted once
+    engine.step()
+    assert "r" in engine.reqs and len(engine.running) == 1
+    engine.abort("r")
+    ended = {o.index: o.finish_reason for o in engine.step().outputs if o.finish_reason}
+    assert ended == {2: "abort"} and "r" not in engine.reqs and not engine.running
     engine.check_integrity()
 
 
