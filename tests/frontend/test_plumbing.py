@@ -132,6 +132,27 @@ async def test_queued_messages_are_sent_in_one_turn_and_in_order(ends) -> None:
     assert turns.rounds_until(50) == 0, turns.log
 
 
+async def test_a_full_ring_holds_up_only_its_own_queued_messages(ends) -> None:
+    """A detokenizer slow to take 100k stream opens must not hold up an abort
+    queued after them for the scheduler's ring."""
+    slow, _ = ends  # its reader never reads
+    with Ring.create(new_run_prefix(), "other", capacity=CAP) as ring:
+        fast, rx = Out(RingSender.attach(ring.spec)), RingReceiver.attach(ring.spec)
+        controls = Controls()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(controls.run)
+            for i in range(CAP):  # far past what its ring holds
+                controls.queue(slow, i)
+            controls.queue(fast, "abort")
+            controls.queue(fast, "close")
+            await until(lambda: sent(fast)() == 2)
+            assert sent(slow)() < CAP  # still waiting for room
+            nursery.cancel_scope.cancel()
+        assert drain(rx) == ["abort", "close"]
+        fast.tx.close()
+        rx.close()
+
+
 async def test_callers_sending_at_once_into_a_ring_with_room_do_not_queue(ends) -> None:
     """Before, each send held the ring's lock across its checkpoint: 50 callers
     took 50 rounds of the loop, one after the other."""
