@@ -361,7 +361,7 @@ class Engine:
             if owner is None or owner.finished or owner.seqs[int(index)].finish_reason:
                 self._queue(self._to_detok, CloseStream(key))
             else:  # its open may have been lost: opening again merges (idempotent)
-                self._open_streams(owner)
+                self._open_streams(owner, int(index))  # (that one: all n were n² opens)
         if msg.stats is not None:
             self._stats.set(msg.stats)
         if msg.detok is not None:
@@ -453,9 +453,9 @@ class Engine:
             return False
         return record.input_ids is not None or not self._tok_queues.queued(record.rid, now, timeout)
 
-    def _open_streams(self, record: Record) -> None:
+    def _open_streams(self, record: Record, index: int | None = None) -> None:
         if record.input_ids is not None:
-            for op in self.table.open_streams(record):
+            for op in self.table.open_streams(record, index):
                 self._queue(self._to_detok, op)
 
     def _resume(self, record: Record, why: str) -> None:

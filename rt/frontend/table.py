@@ -106,6 +106,7 @@ class Record:
     held: bool = False  # held back in quarantine: not in the scheduler
     progress_at: float = 0.0  # its last news (time.monotonic()): sent, ids, tokens
     redrives: int = 0  # times it was sent again for lack of news (a frame lost)
+    ended: int = 0  # its sequences with a finish_reason (finished is asked for every delta)
 
     @property
     def rid(self) -> str:
@@ -113,12 +114,7 @@ class Record:
 
     @property
     def finished(self) -> bool:
-        if self.error is not None:
-            return True
-        seqs = self.seqs
-        if len(seqs) == 1:  # the common case, asked for every delta: no generator
-            return seqs[0].finish_reason is not None
-        return all(s.finish_reason is not None for s in seqs)
+        return self.error is not None or self.ended == len(self.seqs)
 
 
 class RequestTable:
@@ -223,6 +219,7 @@ class RequestTable:
         finished = delta.finish_reason not in (None, "abort")
         if finished:
             seq.finish_reason, seq.matched_stop = delta.finish_reason, delta.matched_stop
+            record.ended += 1  # (once: a finished sequence takes no more deltas, above)
             if record.finished:
                 record.finished_at = time.monotonic()
         if not ids and not text and not finished:
@@ -271,23 +268,25 @@ class RequestTable:
             if seq.finish_reason is None:
                 seq.resumed_from.append(len(seq.output_ids))
 
-    def open_streams(self, record: Record) -> list[OpenStream]:
-        """The detokenizer streams of one request at its epoch, with the output it
-        already has (empty for a new request; after a restart, its rebuild)."""
+    def open_streams(self, record: Record, index: int | None = None) -> list[OpenStream]:
+        """The detokenizer streams of one request (or its sample ``index`` alone) at
+        its epoch, with the output it already has (empty for a new request; after
+        a restart, its rebuild)."""
         assert record.input_ids is not None
         tail = record.input_ids[-CONTEXT_TOKENS:]
+        which = range(len(record.seqs)) if index is None else (index,)
         return [
             OpenStream(
                 record.rid,
                 i,
                 tail,
                 record.req.detok,
-                np.asarray(seq.output_ids, dtype=np.int64),
+                np.asarray(record.seqs[i].output_ids, dtype=np.int64),
                 record.epoch,
                 record.attempt,
             )
-            for i, seq in enumerate(record.seqs)
-            if seq.finish_reason is None
+            for i in which
+            if record.seqs[i].finish_reason is None
         ]
 
     def on_scheduler_crash(self, in_step: bool = True) -> list[Record]:

@@ -184,3 +184,18 @@ def test_an_abort_the_frontend_sent_to_hold_a_suspect_back_is_not_an_end(table) 
     table.on_delta(delta("a", 0, [1], 0, "a"))
     assert table.on_delta(delta("a", 1, [], 1, "", finish_reason="abort")) is None
     assert not table.records["a"].finished
+
+
+def test_a_request_of_n_samples_finishes_with_its_last_and_reopens_one_at_a_time(table) -> None:
+    add(table, "n", n=3)
+    record = table.records["n"]
+    assert [op.index for op in table.open_streams(record)] == [0, 1, 2]
+    for index in (2, 0):
+        done = SeqDelta("n", index, 0, (1,), 0, "a", finish_reason="length", epoch=1)
+        assert table.on_delta(done) is not None
+        assert table.on_delta(done) is None and not record.finished  # a repeat counts once
+    assert [op.index for op in table.open_streams(record)] == [1]  # the one still going
+    assert [op.index for op in table.open_streams(record, 1)] == [1]  # one asked for alone
+    assert table.open_streams(record, 0) == []  # ended: nothing to reopen
+    last = SeqDelta("n", 1, 0, (1,), 0, "a", finish_reason="stop", epoch=1)
+    assert table.on_delta(last) is not None and record.finished and record.ended == 3
