@@ -136,8 +136,25 @@ class Exchange:
         )
 
     async def _read_body(self, limit: int) -> bytes:
+        coding = self.headers.get("content-encoding", "identity").strip().lower()
+        if coding != "identity":  # the JSON parser would say it is no JSON: say why
+            raise HTTPError(
+                415,
+                f"Content-Encoding {coding!r} is not supported: send the body uncompressed",
+                headers=[("accept-encoding", "identity")],
+                code="unsupported_content_encoding",
+            )
         declared = self.headers.get("content-length", "")
         too_big = declared.isdigit() and int(declared) > limit
+        if too_big and int(declared) > limit + DRAIN_LIMIT:
+            # refused before a byte is read (not after waiting out a body that the client
+            # may hold back until a "100 Continue"); the connection then closes
+            raise HTTPError(
+                413,
+                f"the request body has {declared} bytes; this server accepts at most "
+                f"{limit} (--max-body-size)",
+                code="body_too_large",
+            )
         chunks: list[bytes] = []
         size = 0
         while not self._body_done:

@@ -5,6 +5,7 @@ forward pass) and 20 ms scheduler steps, so requests stay in flight."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import socket
 from collections.abc import Iterator
@@ -137,6 +138,40 @@ def test_body_over_the_limit_is_413(server: Server) -> None:
     response = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=30)
     assert response.status_code == 413
     assert str(BODY_LIMIT) in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("expect", [False, True])
+def test_a_body_declared_far_past_the_limit_is_413_at_once(server: Server, expect: bool) -> None:
+    """Refused before a byte of it is read, and before the body timeout: with
+    ``Expect: 100-continue`` a client holds its body back (hypercorn still says
+    "100 Continue"), and a declared 2**63 bytes never come."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=BODY_TIMEOUT_S - 1) as sock:
+        head = (
+            "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: {2**63}\r\n"
+            + ("Expect: 100-continue\r\n" if expect else "")
+            + "\r\n"
+        )
+        sock.sendall(head.encode())  # and no body
+        answer = b""
+        while chunk := sock.recv(65536):  # to EOF, before the timeout: it closes
+            answer += chunk
+    assert b"HTTP/1.1 413 " in answer, answer
+    assert b"connection: close" in answer.lower()
+    assert f"accepts at most {BODY_LIMIT}".encode() in answer
+
+
+def test_a_compressed_body_is_415_naming_its_encoding(server: Server) -> None:
+    body = gzip.compress(json.dumps({"text": "hi"}).encode())
+    headers = {**AUTH, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    response = httpx.post(f"{server.url}/generate", content=body, headers=headers, timeout=30)
+    assert response.status_code == 415, response.text
+    assert "Content-Encoding 'gzip' is not supported" in response.json()["error"]["message"]
+    assert response.headers["accept-encoding"] == "identity"
+    plain = {**AUTH, "Content-Encoding": "identity"}
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    assert httpx.post(f"{server.url}/generate", json=body, headers=plain).status_code == 200
 
 
 def test_a_body_that_stops_arriving_is_408_and_its_connection_closed(server: Server) -> None:
