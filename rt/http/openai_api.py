@@ -167,6 +167,17 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
     prompt_only = bool(req.echo) and req.max_tokens == 0
     max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
     options = engine_options(front, req, 1 if prompt_only else max_tokens)
+    if prompt_only:
+        if req.min_tokens:
+            raise HTTPError(
+                400,
+                f"min_tokens: expected at most max_tokens (0), got {req.min_tokens}",
+                param="min_tokens",
+            )
+        # the drawn token is dropped: nothing may end it early or name a stop it matched
+        for name in ("stop", "stop_token_ids", "min_new_tokens"):
+            options.pop(name, None)
+        options["ignore_eos"] = True
     if req.logprobs is not None:
         options["logprobs"] = True
         options["top_logprobs"] = req.logprobs

@@ -225,6 +225,15 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(client: openai.OpenAI) -
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "In the beginning"
     streamed = [t for c in chunks if c.choices for t in (c.choices[0].logprobs.tokens or [])]  # type: ignore[union-attr]
     assert streamed == lp.tokens
+    # the token drawn and dropped ends nothing: every id a stop, the answer is the same
+    every_id = {"stop_token_ids": list(range(4096)), "ignore_eos": False}
+    stopped = client.completions.create(**kwargs, max_tokens=0, extra_body=every_id)  # type: ignore[call-overload]
+    assert stopped.choices[0].finish_reason == "length"
+    assert stopped.choices[0].logprobs.tokens == lp.tokens  # type: ignore[union-attr]
+    with pytest.raises(
+        openai.BadRequestError, match=r"min_tokens: expected at most max_tokens \(0\), got 2"
+    ):
+        client.completions.create(**kwargs, max_tokens=0, extra_body={"min_tokens": 2})  # type: ignore[call-overload]
 
 
 def test_truncate_prompt_tokens_cuts_one_request_on_a_server_that_cuts_none(
