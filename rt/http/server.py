@@ -15,9 +15,11 @@ import math
 import time
 from typing import Any
 
+import hypercorn.trio.run
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.tcp_server import TCPServer
 from starlette.middleware.cors import CORSMiddleware
 
 from rt.http.app import App
@@ -90,6 +92,27 @@ async def serve(
     finally:
         accept_errors.removeFilter(quiet)
         sends.close()
+
+
+class OneConnection(TCPServer):
+    """hypercorn's connection handler, whose failure ends its connection alone.
+    hypercorn lets any exception but an OSError out of a connection, through
+    the listeners' nursery, and the server with it: a WebSocket client that
+    sends its first frame with its handshake (before the 101; hypercorn answers
+    400, then fails to send on the broken h11 state) stopped rt-serve, every time
+    (hypercorn 0.18, its issue #225)."""
+
+    async def run(self) -> None:
+        try:
+            await super().run()  # closes the connection on its way out
+        except Exception as err:  # an ExceptionGroup too; a trio.Cancelled is no Exception
+            while isinstance(err, ExceptionGroup) and len(err.exceptions) == 1:
+                err = err.exceptions[0]
+            log.warning("a connection failed in hypercorn, and was closed: %r", err)
+            log.debug("the connection's failure", exc_info=True)
+
+
+hypercorn.trio.run.TCPServer = OneConnection  # type: ignore[misc]  # what worker_serve runs
 
 
 class Throttle(logging.Filter):

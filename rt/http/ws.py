@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import h11
 import trio
 
 from rt.http import native
@@ -303,5 +304,9 @@ async def websocket(
         else:  # a server without the extension refuses the handshake with a 403
             await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
         return
-    await send({"type": "websocket.accept"})
+    try:
+        await send({"type": "websocket.accept"})
+    except h11.LocalProtocolError as err:  # hypercorn refused the handshake already (a
+        log.info("a WebSocket handshake was refused before rt answered it: %s", err)
+        return  # 400 for a frame sent before the 101): nothing of it to serve
     await Connection(front, send).serve(receive)

@@ -177,6 +177,51 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
         assert sum(len(f.get("output_ids", ())) for f in frames) == 2, frames
 
 
+def masked_text_frame(payload: bytes, announce: int | None = None) -> bytes:
+    """A client's text frame (masked, with a zero mask), announcing ``announce``
+    bytes where given (more than it carries: a frame cut short)."""
+    size = len(payload) if announce is None else announce
+    head = (
+        bytes([0x81, 0x80 | size]) if size < 126 else bytes([0x81, 0x80 | 126]) + size.to_bytes(2)
+    )
+    return head + bytes(4) + payload
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-write", "two-writes"])
+async def test_frames_sent_before_the_handshake_is_answered_close_that_connection_alone(
+    default_server: Server, split: bool
+) -> None:
+    """A client that sends frames without waiting for the 101 (RFC 6455 says not
+    to) gets its connection closed; rt-serve stopped (hypercorn's error left the
+    connection, and the server with it), every time."""
+    handshake = (
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    errors_before = sum("Error in ASGI Framework" in line for line in default_server.log)
+    frames = [  # a whole generate frame, and one cut short
+        masked_text_frame(json.dumps({"id": 1, "type": "generate", "text": "In"}).encode()),
+        masked_text_frame(b"x" * 10, announce=1000),
+    ]
+    for frame in frames:
+        with socket.create_connection(("127.0.0.1", default_server.port), timeout=30) as sock:
+            sock.sendall(handshake if split else handshake + frame)
+            if split:
+                sock.sendall(frame)
+            answer = b""
+            while chunk := sock.recv(4096):  # the server closes it
+                answer += chunk
+        assert not answer.startswith(b"HTTP/1.1 101")
+    await trio.sleep(0.5)  # the server would have stopped by now
+    assert default_server.proc.poll() is None
+    async with connect(default_server.url) as client:  # and it serves a WebSocket
+        reply = await client.generate("In the", sampling_params={"max_new_tokens": 2})
+        assert reply["meta_info"]["completion_tokens"] == 2
+    assert any("a connection failed in hypercorn" in line for line in default_server.log)
+    # the app's handshake answer, which hypercorn refused, is no traceback in the log
+    assert sum("Error in ASGI Framework" in line for line in default_server.log) == errors_before
+
+
 async def test_closing_the_socket_aborts_its_requests(default_server: Server) -> None:
     async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
         steps = (await client.get("/server_info")).json()["scheduler"]["steps"]
