@@ -53,13 +53,19 @@ async def health_generate(front: Front, ex: Exchange) -> None:
     rid = f"health-{uuid.uuid4().hex}"
     job = Job(None, {"input_ids": [0], "max_new_tokens": 1, "rid": rid}, rid)
     timeout = front.settings.health_generate_timeout
+    results = []
     with trio.move_on_after(timeout) as deadline:
         async with ex.cancel_on_disconnect():
-            await run(front, [job], limited=False)  # never refused by the queue limit
+            results = await run(front, [job], limited=False)  # never refused by the queue limit
     if ex.disconnected:
         return
     if deadline.cancelled_caught:
         raise HTTPError(503, f"a one-token generation did not finish within {timeout:g} s")
+    (result,) = results
+    if result.aborted is not None or result.completion_tokens != 1:
+        # an abort is no failure of run(): POST /abort_request's abort_all takes the probe too
+        cause = result.aborted or "it ended with no token"
+        raise HTTPError(503, f"a one-token generation did not finish: {cause}")
     await ex.json({"status": "ok"})
 
 
