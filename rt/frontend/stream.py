@@ -159,6 +159,17 @@ class Stream:
             )
         return item
 
+    @property
+    def ended(self) -> bool:
+        """The engine has ended the request (made its last token, or failed it),
+        whether or not its chunks have been read."""
+        if self._done:
+            return True
+        if self._updates is None:  # not submitted yet
+            return False
+        record = self._engine.table.records.get(self._req.rid)
+        return record is None or record.finished
+
     def close(self) -> None:
         """Stop: abort the request if it has not finished. A stream closed before
         its first chunk takes its counts from the table (its prompt's tokens)."""

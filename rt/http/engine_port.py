@@ -69,6 +69,11 @@ class EngineStream:
         await self._stream.aclose()
 
     @property
+    def ended(self) -> bool:
+        """The engine is done with the request (its chunks may still be unread)."""
+        return bool(self._stream.ended)
+
+    @property
     def prompt_tokens(self) -> int:
         meta = self._stream.meta
         return 0 if meta is None else meta.prompt_tokens

@@ -66,6 +66,39 @@ class Tracked:
         self._last[delta.index] = now
 
 
+class Admission:
+    """The generations one request was admitted for. A stream's leave the count
+    once the engine has ended it, not when the client has read it: a client that
+    stops reading held its room until --send-timeout cut it, and kept others out
+    with 503s while the engine sat idle. Its reader frees them at its last chunk;
+    one that is stuck behind a write is freed by :meth:`reclaim`, asked by a
+    request that would be refused (the only time the room is wanted)."""
+
+    def __init__(self, front: Front, count: int) -> None:
+        self._front = front
+        self.left = count
+        self._streams: dict[int, tuple[Any, int]] = {}  # id(stream) -> (stream, samples)
+
+    def watch(self, stream: Any, samples: int) -> None:
+        self._streams[id(stream)] = (stream, samples)
+
+    def ended(self, stream: Any) -> None:
+        """The engine is done with ``stream``: its samples' room is free."""
+        entry = self._streams.pop(id(stream), None)
+        if entry is not None:
+            self.release(entry[1])
+
+    def reclaim(self) -> None:
+        for stream, _ in list(self._streams.values()):
+            if stream.ended:
+                self.ended(stream)
+
+    def release(self, count: int) -> None:
+        count = min(count, self.left)
+        self.left -= count
+        self._front.admitted -= count
+
+
 class Front:
     def __init__(self, engine: Any, settings: Settings) -> None:
         self.engine = engine
@@ -75,6 +108,7 @@ class Front:
         self.tokens = TokenTexts(engine.options.resolved_tokenizer_path())
         self.in_flight: dict[str, Tracked] = {}
         self.admitted = 0
+        self._admissions: set[Admission] = set()
         self.scheduler: SchedulerStats | None = None
         options = engine.options
         queued = settings.max_queued_requests
@@ -84,9 +118,10 @@ class Front:
     # ---- admission ---------------------------------------------------------------
 
     @contextmanager
-    def admit(self, count: int) -> Iterator[None]:
+    def admit(self, count: int) -> Iterator[Admission]:
         """Room for ``count`` more generations, or 503 with Retry-After (a 400 for
-        more than the server ever holds: retrying could not help)."""
+        more than the server ever holds: retrying could not help). They leave as
+        the engine ends them (:meth:`Admission.release`), or all at the end."""
         if self.limit is not None and count > self.limit:
             raise HTTPError(
                 400,
@@ -94,6 +129,9 @@ class Front:
                 f"server ever holds ({self.limit}: --max-running-requests + "
                 "--max-queued-requests); send fewer at a time",
             )
+        if self.limit is not None and self.admitted + count > self.limit:
+            for admission in list(self._admissions):  # the ended, whose clients lag
+                admission.reclaim()
         if self.limit is not None and self.admitted + count > self.limit:
             self.metrics.rejected.inc(count)
             raise HTTPError(
@@ -104,10 +142,13 @@ class Front:
                 headers=[("retry-after", str(self.settings.retry_after_s))],
             )
         self.admitted += count
+        admission = Admission(self, count)
+        self._admissions.add(admission)
         try:
-            yield
+            yield admission
         finally:
-            self.admitted -= count
+            self._admissions.discard(admission)
+            admission.release(admission.left)
 
     @contextmanager
     def track(self, rid: str, batch: str | None = None) -> Iterator[Tracked]:

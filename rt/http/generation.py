@@ -21,7 +21,7 @@ from rt import errors
 from rt.gpu.sampling_params import MAX_N
 from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta, EngineStream, Prompt, TopLogprobs
-from rt.http.front import Front, http_error
+from rt.http.front import Admission, Front, http_error
 
 
 @dataclass
@@ -61,6 +61,9 @@ class Result:
     prompt: Prompt | None = None  # with prompt logprobs, when asked for
     kept_ids: tuple[int, ...] | None = None  # the prompt the model read, when its start was cut
 
+    def finished(self) -> bool:
+        return all(seq.finish_reason is not None for seq in self.seqs)
+
     def elapsed(self) -> float:
         return self.e2e_latency or time.monotonic() - self.arrived
 
@@ -98,12 +101,13 @@ async def run(
     cancels the others and is raised. ``limited``: subject to the queue limit."""
     results: list[Result | None] = [None] * len(jobs)
     failures: list[HTTPError] = []
-    with front.admit(sum(_samples(job) for job in jobs) if limited else 0):
+    with front.admit(sum(_samples(job) for job in jobs) if limited else 0) as admission:
         async with trio.open_nursery() as nursery:
             for i, job in enumerate(jobs):
                 nursery.start_soon(
                     _run_one,
                     front,
+                    admission,
                     i,
                     job,
                     on_delta,
@@ -119,6 +123,7 @@ async def run(
 
 async def _run_one(
     front: Front,
+    admission: Admission,
     i: int,
     job: Job,
     on_delta: OnDelta | None,
@@ -134,6 +139,7 @@ async def _run_one(
     try:
         with front.track(job.rid, job.batch) as tracked:
             stream = EngineStream(front.engine, job.prompt, job.options)
+            admission.watch(stream, _samples(job))
             try:
                 with tracked.scope:
                     async for delta in stream:
@@ -141,6 +147,8 @@ async def _run_one(
                             delta = _without_output(delta)
                         tracked.on_delta(delta)
                         result.add(delta)
+                        if delta.finish_reason and result.finished():
+                            admission.ended(stream)  # its room is free: the engine is done
                         if result.kept_ids is None:
                             result.kept_ids = stream.kept_ids
                         result.prompt_tokens = stream.prompt_tokens

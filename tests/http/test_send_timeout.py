@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from serverlib import Server, running_server
 from wsproto import ConnectionType, WSConnection
@@ -183,3 +184,34 @@ def test_a_slow_reader_of_one_big_answer_is_served_to_the_end(server: Server) ->
     assert [r["meta_info"]["completion_tokens"] for r in results] == [TOKENS] * 32
     assert took > SEND_TIMEOUT_S + 1, f"took {took:.1f} s, {len(data)} bytes: too fast to tell"
     assert len(cut_lines(server)) == before
+
+
+def test_a_client_that_stops_reading_holds_no_room_once_its_generation_ended() -> None:
+    """Past --max-running-requests + --max-queued-requests, a request is a 503. Room
+    was freed when the client had read its answer, not when the engine had made
+    it: clients that stopped reading kept everyone out with 503s, the engine idle,
+    until --send-timeout cut them."""
+    with running_server(
+        "--load-format=null",
+        "--send-timeout=60",
+        "--max-running-requests=2",
+        "--max-queued-requests=1",
+    ) as server:
+        stuck = [post_stream(server.port, body(1), rcvbuf=4096) for _ in range(3)]
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # the engine is done with them, their clients are not
+                info = server.info()
+                scheduler = info["scheduler"] or {}
+                done = scheduler.get("steps") and not scheduler["running"]
+                if done and not scheduler["waiting"] and info["requests_in_flight"] == 3:
+                    break
+                assert time.monotonic() < deadline, info
+                time.sleep(0.1)
+            short = {"text": "x", "sampling_params": {"max_new_tokens": 2}}
+            answer = httpx.post(f"{server.url}/generate", json=short, timeout=30)
+            assert answer.status_code == 200, answer.text
+            assert server.info()["requests_in_flight"] == 3  # still not read
+        finally:
+            for sock in stuck:
+                sock.close()
