@@ -67,31 +67,29 @@ class Tracked:
 
 
 class Admission:
-    """The generations one request was admitted for. A stream's leave the count
-    once the engine has ended it, not when the client has read it: a client that
-    stops reading held its room until --send-timeout cut it, and kept others out
-    with 503s while the engine sat idle. Its reader frees them at its last chunk;
-    one that is stuck behind a write is freed by :meth:`reclaim`, asked by a
-    request that would be refused (the only time the room is wanted)."""
+    """The generations one request was admitted for. Each stream's leave the
+    count once the engine has ended that stream, not when the client has read
+    it: a client that stops reading held its room until --send-timeout cut it,
+    and kept others out with 503s while the engine sat idle. A reader frees its
+    stream's room at its last chunk; one stuck behind a write is freed by
+    :meth:`reclaim`, asked by a request that would be refused (the only time
+    the room is wanted)."""
 
     def __init__(self, front: Front, count: int) -> None:
         self._front = front
         self.left = count
-        self._streams: dict[int, tuple[Any, int]] = {}  # id(stream) -> (stream, samples)
+        self._streams: dict[Any, int] = {}  # an EngineStream -> its samples
 
     def watch(self, stream: Any, samples: int) -> None:
-        self._streams[id(stream)] = (stream, samples)
+        self._streams[stream] = samples
 
     def ended(self, stream: Any) -> None:
         """The engine is done with ``stream``: its samples' room is free."""
-        entry = self._streams.pop(id(stream), None)
-        if entry is not None:
-            self.release(entry[1])
+        self.release(self._streams.pop(stream, 0))
 
     def reclaim(self) -> None:
-        for stream, _ in list(self._streams.values()):
-            if stream.ended:
-                self.ended(stream)
+        for stream in [s for s in self._streams if s.ended]:
+            self.ended(stream)
 
     def release(self, count: int) -> None:
         count = min(count, self.left)

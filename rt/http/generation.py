@@ -61,9 +61,6 @@ class Result:
     prompt: Prompt | None = None  # with prompt logprobs, when asked for
     kept_ids: tuple[int, ...] | None = None  # the prompt the model read, when its start was cut
 
-    def finished(self) -> bool:
-        return all(seq.finish_reason is not None for seq in self.seqs)
-
     def elapsed(self) -> float:
         return self.e2e_latency or time.monotonic() - self.arrived
 
@@ -147,7 +144,7 @@ async def _run_one(
                             delta = _without_output(delta)
                         tracked.on_delta(delta)
                         result.add(delta)
-                        if delta.finish_reason and result.finished():
+                        if delta.finish_reason and stream.ended:
                             admission.ended(stream)  # its room is free: the engine is done
                         if result.kept_ids is None:
                             result.kept_ids = stream.kept_ids

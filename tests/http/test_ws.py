@@ -187,13 +187,13 @@ def masked_text_frame(payload: bytes, announce: int | None = None) -> bytes:
     return head + bytes(4) + payload
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-write", "two-writes"])
 async def test_frames_sent_before_the_handshake_is_answered_close_that_connection_alone(
-    default_server: Server, split: bool
+    default_server: Server,
 ) -> None:
     """A client that sends frames without waiting for the 101 (RFC 6455 says not
     to) gets its connection closed; rt-serve stopped (hypercorn's error left the
-    connection, and the server with it), every time."""
+    connection, and the server with it), every time. The frame rides in the
+    handshake's write, so that it is there before any answer, on any machine."""
     handshake = (
         b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
@@ -205,9 +205,7 @@ async def test_frames_sent_before_the_handshake_is_answered_close_that_connectio
     ]
     for frame in frames:
         with socket.create_connection(("127.0.0.1", default_server.port), timeout=30) as sock:
-            sock.sendall(handshake if split else handshake + frame)
-            if split:
-                sock.sendall(frame)
+            sock.sendall(handshake + frame)
             answer = b""
             while chunk := sock.recv(4096):  # the server closes it
                 answer += chunk
