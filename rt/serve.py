@@ -302,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="generations one /ws connection may have in flight; one more gets an error frame with status 429 (default: %(default)s)",
     )
     server.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="open client connections taken at once; past them a new one gets 503 with Retry-After, so that clients cannot take the file descriptors the engine needs (0: no cap; default: what the limit of open files leaves once the engine is up, less a spare for the engine)",
+    )
+    server.add_argument(
         "--allowed-origins",
         default='["*"]',
         help="""origins a browser page may call the server from (CORS), as vLLM's flag: a JSON list such as '["https://a.example"]', or "[]" for none (default: '["*"]', any)""",
@@ -380,6 +386,10 @@ def http_settings(args: argparse.Namespace) -> Settings:
         raise errors.ConfigError(
             f"--ws-max-in-flight: expected 1 or more, got {args.ws_max_in_flight}"
         )
+    if args.max_connections is not None and args.max_connections < 0:
+        raise errors.ConfigError(
+            f"--max-connections: expected 0 or more, got {args.max_connections}"
+        )
     origins = _origins(args.allowed_origins)
     return Settings(
         host=args.host,
@@ -394,6 +404,7 @@ def http_settings(args: argparse.Namespace) -> Settings:
         ws_max_in_flight=args.ws_max_in_flight,
         allowed_origins=origins,
         allow_credentials=args.allow_credentials,
+        max_connections=args.max_connections,
     )
 
 

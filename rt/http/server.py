@@ -23,6 +23,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from starlette.middleware.cors import CORSMiddleware
 
 from rt.http.app import App
+from rt.http.connections import Gate
 from rt.http.front import Front
 from rt.http.send_watch import SendWatch
 from rt.http.settings import Settings
@@ -40,8 +41,16 @@ CUT_AFTER_S = 2.0  # after the stop's cancellation: the last words (1 s) have be
 ACCEPT_LOG_EVERY_S = 10.0  # a failing accept (out of fds) is logged at most this often
 
 
-def hypercorn_config(settings: Settings) -> Config:
-    config = Config()
+class GatedConfig(Config):
+    """hypercorn's configuration, and the cap on open connections that
+    ``OneConnection`` keeps (None: no gate, all are taken)."""
+
+    gate: Gate | None = None
+
+
+def hypercorn_config(settings: Settings, gate: Gate | None = None) -> Config:
+    config = GatedConfig()
+    config.gate = gate
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     config.bind = [f"{host}:{settings.port}"]
     config.accesslog = None
@@ -61,6 +70,11 @@ async def serve(
     address (``http://127.0.0.1:30000``; port 0 binds a free one)."""
     front = Front(engine, settings)
     sends = SendWatch(settings.send_timeout)
+    if settings.max_connections is None:
+        gate = Gate.fitted(settings.retry_after_s)
+    else:
+        gate = Gate(settings.max_connections, settings.retry_after_s)
+    gate.register(front.metrics.registry)
     app: Any = App(front, sends)  # an ASGI 3 callable; hypercorn's types want its TypedDicts
     if settings.allowed_origins:  # preflights answered, and the headers added, by Starlette's
         app = CORSMiddleware(
@@ -74,7 +88,7 @@ async def serve(
 
     async def run_hypercorn(task_status: trio.TaskStatus[list[str]]) -> None:
         try:
-            await hypercorn_serve(app, hypercorn_config(settings), task_status=task_status)
+            await hypercorn_serve(app, hypercorn_config(settings, gate), task_status=task_status)
         finally:
             done.set()
 
@@ -88,6 +102,9 @@ async def serve(
             port = int(binds[0].rsplit(":", 1)[1])
             nursery.start_soon(_cut_when_stuck, done, sends, port)
             nursery.start_soon(sends.run, port)
+            log.info(
+                "taking at most %s connections (--max-connections)", gate.most or "any number of"
+            )
             task_status.started(binds[0])
     finally:
         accept_errors.removeFilter(quiet)
@@ -95,7 +112,8 @@ async def serve(
 
 
 class OneConnection(TCPServer):
-    """hypercorn's connection handler, whose failure ends its connection alone.
+    """hypercorn's connection handler, whose failure ends its connection alone,
+    and which refuses connections past the cap (``GatedConfig.gate``).
     hypercorn lets any exception but an OSError out of a connection, through
     the listeners' nursery, and the server with it: a WebSocket client that
     sends its first frame with its handshake (before the 101; hypercorn answers
@@ -103,6 +121,18 @@ class OneConnection(TCPServer):
     (hypercorn 0.18, its issue #225)."""
 
     async def run(self) -> None:
+        gate = getattr(self.config, "gate", None)
+        if gate is None:
+            await self._run()
+        elif not gate.enter():
+            await gate.refuse(self.stream)
+        else:
+            try:
+                await self._run()
+            finally:
+                gate.leave()
+
+    async def _run(self) -> None:
         try:
             await super().run()  # closes the connection on its way out
         except Exception as err:  # an ExceptionGroup too; a trio.Cancelled is no Exception

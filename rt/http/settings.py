@@ -22,7 +22,9 @@ class Settings:
     holds at most that many. ``allowed_origins``: the origins a browser may
     call from (CORS; ``*`` any, as vLLM's and SGLang's servers allow by
     default; none: no CORS headers), with cookies and credentials when
-    ``allow_credentials``."""
+    ``allow_credentials``. ``max_connections``: open connections taken at
+    once; past them a new one gets 503 with ``Retry-After`` (None: what the
+    limit of open files leaves, ``rt.http.connections.Gate.fitted``; 0: no cap)."""
 
     host: str = "127.0.0.1"
     port: int = 30000
@@ -38,6 +40,7 @@ class Settings:
     ws_max_in_flight: int = 1024
     allowed_origins: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    max_connections: int | None = None
 
     def __post_init__(self) -> None:
         assert self.max_body_size > 0, self.max_body_size
@@ -45,3 +48,4 @@ class Settings:
         assert self.send_timeout > 0, self.send_timeout
         assert self.max_queued_requests is None or self.max_queued_requests >= 0
         assert self.ws_max_in_flight >= 1, self.ws_max_in_flight
+        assert self.max_connections is None or self.max_connections >= 0

@@ -141,6 +141,7 @@ def test_device_and_dtype_auto_pick_the_gpu_where_torch_sees_one(
         ["--dtype", "int3"],
         ["--max-body-size", "0"],
         ["--ws-max-in-flight", "0"],
+        ["--max-connections", "-1"],
         ["--send-timeout", "0"],
         ["--send-timeout", "nan"],
         ["--allowed-origins", "*"],  # vLLM's form is a JSON list
