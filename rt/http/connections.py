@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import resource
+import socket
 from typing import Any
 
 import trio
@@ -32,6 +33,7 @@ FD_SPARE = 64  # kept from clients for the engine: an actor's restart, the logs
 REFUSING = 64  # refusals that linger at a time (each holds its fd for LINGER_S at most)
 LINGER_S = 0.25  # a refused client's request read (and dropped), so that it sees the 503
 LINGER_BYTES = 64 << 10
+KEEPALIVE_PROBES = 3
 
 
 def free_fds() -> int:
@@ -43,11 +45,15 @@ def free_fds() -> int:
 
 class Gate:
     """Counts the open connections; ``most`` 0: no cap. ``lingering``: the
-    refusals that may hold their fd for ``LINGER_S`` at once."""
+    refusals that may hold their fd for ``LINGER_S`` at once. ``keepalive_s``:
+    see ``keep_alive`` (0: the kernel's default, no probes)."""
 
-    def __init__(self, most: int, retry_after_s: int, lingering: int = REFUSING) -> None:
+    def __init__(
+        self, most: int, retry_after_s: int, lingering: int = REFUSING, keepalive_s: int = 0
+    ) -> None:
         self.most = most
         self.lingering = lingering
+        self.keepalive_s = keepalive_s
         self.open = 0
         self.refused = 0
         self._refusing = 0
@@ -66,16 +72,18 @@ class Gate:
         ).encode() + body
 
     @classmethod
-    def fitted(cls, retry_after_s: int) -> Gate:
+    def fitted(cls, retry_after_s: int, keepalive_s: int = 0) -> Gate:
         """The default: what the limit of open files leaves, less ``FD_SPARE`` for
         the engine and ``REFUSING`` for refusals; on a limit too low for those,
         half of what it leaves, and a quarter for refusals."""
         free = free_fds()
         most = max(free - FD_SPARE - REFUSING, free // 2, 1)
-        return cls(most, retry_after_s, lingering=min(REFUSING, (free - most) // 2))
+        lingering = min(REFUSING, (free - most) // 2)
+        return cls(most, retry_after_s, lingering, keepalive_s)
 
-    def enter(self) -> bool:
-        """Count a new connection in; False past the cap (the caller refuses it)."""
+    def enter(self, sock: Any) -> bool:
+        """Count a new connection in (``sock``: its trio socket); False past the
+        cap (the caller refuses it)."""
         if self.most and self.open >= self.most:
             self.refused += 1
             if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
@@ -86,6 +94,8 @@ class Gate:
                 )
             return False
         self.open += 1
+        if self.keepalive_s:
+            keep_alive(sock, self.keepalive_s)
         return True
 
     def leave(self) -> None:
@@ -127,6 +137,20 @@ class Gate:
 
     def register(self, registry: CollectorRegistry) -> None:
         registry.register(_GateCollector(self))
+
+
+def keep_alive(sock: Any, idle_s: int) -> None:
+    """Have the kernel probe the peer of a connection idle for ``idle_s``, and drop
+    it when ``KEEPALIVE_PROBES`` probes ``idle_s / 6`` apart go unanswered: a
+    client whose host vanished (powered off, a network gone, a NAT that forgot
+    it) sends no FIN, and its connection once stayed open for good, a request
+    waiting on it (a long answer not streamed) generated to its end, and an idle
+    WebSocket held its place under ``--max-connections``."""
+    with contextlib.suppress(OSError):  # (a connection already reset)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle_s // 6))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
 
 
 class _GateCollector(Collector):

@@ -11,6 +11,8 @@ from typing import Any
 from rt import errors
 from rt.http.settings import Settings
 
+MAX_KEEPIDLE = 32767  # Linux's most for TCP_KEEPIDLE
+
 
 def add_server_flags(parser: argparse.ArgumentParser) -> Any:
     """The "server" group of flags; returned, for the caller's own."""
@@ -71,6 +73,12 @@ def add_server_flags(parser: argparse.ArgumentParser) -> Any:
         help="open client connections taken at once; past them a new one gets 503 with Retry-After, so that clients cannot take the file descriptors the engine needs (0: no cap; default: what the limit of open files leaves once the engine is up, less a spare for the engine)",
     )
     server.add_argument(
+        "--tcp-keepalive",
+        type=int,
+        default=Settings.tcp_keepalive,
+        help="seconds a client connection may sit idle before the kernel probes its peer; one that answers none of 3 probes is dropped, and its request aborted (a client whose host vanished sends no FIN) (0: no probes; default: %(default)s)",
+    )
+    server.add_argument(
         "--allowed-origins",
         default='["*"]',
         help="""origins a browser page may call the server from (CORS), as vLLM's flag: a JSON list such as '["https://a.example"]', or "[]" for none (default: '["*"]', any)""",
@@ -117,6 +125,10 @@ def http_settings(args: argparse.Namespace) -> Settings:
         raise errors.ConfigError(
             f"--max-connections: expected 0 or more, got {args.max_connections}"
         )
+    if not 0 <= args.tcp_keepalive <= MAX_KEEPIDLE:
+        raise errors.ConfigError(
+            f"--tcp-keepalive: expected 0 to {MAX_KEEPIDLE} seconds, got {args.tcp_keepalive}"
+        )
     origins = _origins(args.allowed_origins)
     return Settings(
         host=args.host,
@@ -132,6 +144,7 @@ def http_settings(args: argparse.Namespace) -> Settings:
         allowed_origins=origins,
         allow_credentials=args.allow_credentials,
         max_connections=args.max_connections,
+        tcp_keepalive=args.tcp_keepalive,
     )
 
 

@@ -71,9 +71,11 @@ async def serve(
     front = Front(engine, settings)
     sends = SendWatch(settings.send_timeout)
     if settings.max_connections is None:
-        gate = Gate.fitted(settings.retry_after_s)
+        gate = Gate.fitted(settings.retry_after_s, keepalive_s=settings.tcp_keepalive)
     else:
-        gate = Gate(settings.max_connections, settings.retry_after_s)
+        gate = Gate(
+            settings.max_connections, settings.retry_after_s, keepalive_s=settings.tcp_keepalive
+        )
     gate.register(front.metrics.registry)
     app: Any = App(front, sends)  # an ASGI 3 callable; hypercorn's types want its TypedDicts
     if settings.allowed_origins:  # preflights answered, and the headers added, by Starlette's
@@ -113,7 +115,8 @@ async def serve(
 
 class OneConnection(TCPServer):
     """hypercorn's connection handler, whose failure ends its connection alone,
-    and which refuses connections past the cap (``GatedConfig.gate``).
+    and which refuses connections past the cap and sets their keepalive
+    (``GatedConfig.gate``).
     hypercorn lets any exception but an OSError out of a connection, through
     the listeners' nursery, and the server with it: a WebSocket client that
     sends its first frame with its handshake (before the 101; hypercorn answers
@@ -124,7 +127,7 @@ class OneConnection(TCPServer):
         gate = getattr(self.config, "gate", None)
         if gate is None:
             await self._run()
-        elif not gate.enter():
+        elif not gate.enter(self.stream.socket):
             await gate.refuse(self.stream)
         else:
             try:

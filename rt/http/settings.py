@@ -24,7 +24,9 @@ class Settings:
     default; none: no CORS headers), with cookies and credentials when
     ``allow_credentials``. ``max_connections``: open connections taken at
     once; past them a new one gets 503 with ``Retry-After`` (None: what the
-    limit of open files leaves, ``rt.http.connections.Gate.fitted``; 0: no cap)."""
+    limit of open files leaves, ``rt.http.connections.Gate.fitted``; 0: no cap).
+    ``tcp_keepalive``: seconds a connection may sit idle before the kernel
+    probes its peer (``rt.http.connections.keep_alive``; 0: no probes)."""
 
     host: str = "127.0.0.1"
     port: int = 30000
@@ -41,6 +43,7 @@ class Settings:
     allowed_origins: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     max_connections: int | None = None
+    tcp_keepalive: int = 60
 
     def __post_init__(self) -> None:
         assert self.max_body_size > 0, self.max_body_size
@@ -49,3 +52,4 @@ class Settings:
         assert self.max_queued_requests is None or self.max_queued_requests >= 0
         assert self.ws_max_in_flight >= 1, self.ws_max_in_flight
         assert self.max_connections is None or self.max_connections >= 0
+        assert self.tcp_keepalive >= 0, self.tcp_keepalive

@@ -142,6 +142,8 @@ def test_device_and_dtype_auto_pick_the_gpu_where_torch_sees_one(
         ["--max-body-size", "0"],
         ["--ws-max-in-flight", "0"],
         ["--max-connections", "-1"],
+        ["--tcp-keepalive", "-1"],
+        ["--tcp-keepalive", "40000"],
         ["--send-timeout", "0"],
         ["--send-timeout", "nan"],
         ["--allowed-origins", "*"],  # vLLM's form is a JSON list
