@@ -35,6 +35,7 @@ class Stream:
         self.rid = user_rid
         self._updates: trio.MemoryReceiveChannel[Update | Refused] | None = None
         self._done = False
+        self.cut = False  # closed before the engine had ended it (aborted, or never sent)
         # counts and timings as of the last chunk (final with the last sequence's end)
         self.meta: Meta | None = None
         self.input_ids: np.ndarray | None = None  # the prompt's, as the model reads them
@@ -162,7 +163,7 @@ class Stream:
     @property
     def ended(self) -> bool:
         """The engine has ended the request (made its last token, or failed it),
-        whether or not its chunks have been read."""
+        whether or not its chunks have been read; or the stream is closed."""
         if self._done:
             return True
         if self._updates is None:  # not submitted yet
@@ -174,6 +175,7 @@ class Stream:
         """Stop: abort the request if it has not finished. A stream closed before
         its first chunk takes its counts from the table (its prompt's tokens)."""
         if not self._done:
+            self.cut = not self.ended
             self._done = True
             if self._updates is not None:
                 record = self._engine.table.records.get(self._req.rid)

@@ -70,8 +70,14 @@ class EngineStream:
 
     @property
     def ended(self) -> bool:
-        """The engine is done with the request (its chunks may still be unread)."""
+        """The engine is done with the request (its chunks may still be unread),
+        or the stream is closed."""
         return bool(self._stream.ended)
+
+    @property
+    def cut(self) -> bool:
+        """Closed before the engine had ended the request."""
+        return bool(self._stream.cut)
 
     @property
     def prompt_tokens(self) -> int:

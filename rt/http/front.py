@@ -40,7 +40,14 @@ class Tracked:
         self.first_token_at: float | None = None
         self.scope = trio.CancelScope()
         self.abort_cause: str | None = None
+        self.stream: Any = None  # its engine stream, once opened
         self._last: dict[int, float] = {}
+
+    @property
+    def generating(self) -> bool:
+        """The engine has not ended it (a client slow to read what was made holds
+        its place in the table, not in the engine)."""
+        return self.stream is None or not self.stream.ended
 
     def abort(self, cause: str) -> None:
         if self.abort_cause is None:
@@ -187,9 +194,10 @@ class Front:
     # ---- the engine's state ---------------------------------------------------------
 
     def state(self) -> EngineState:
-        waiting = sum(1 for t in self.in_flight.values() if t.first_token_at is None)
+        generating = [t for t in self.in_flight.values() if t.generating]
+        waiting = sum(1 for t in generating if t.first_token_at is None)
         return EngineState(
-            running=len(self.in_flight) - waiting,
+            running=len(generating) - waiting,
             waiting=waiting,
             scheduler=self.scheduler,
             actors=self.engine.actors(),

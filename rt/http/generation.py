@@ -135,7 +135,7 @@ async def _run_one(
     )
     try:
         with front.track(job.rid, job.batch) as tracked:
-            stream = EngineStream(front.engine, job.prompt, job.options)
+            stream = tracked.stream = EngineStream(front.engine, job.prompt, job.options)
             admission.watch(stream, _samples(job))
             try:
                 with tracked.scope:
@@ -152,10 +152,9 @@ async def _run_one(
                         result.cached_tokens = stream.cached_tokens
                         if on_delta is not None:
                             await on_delta(i, delta, result)
-            except trio.Cancelled:
-                tracked.abort_cause = (
-                    tracked.abort_cause or "cancelled"
-                )  # the client left, or a sibling failed
+            except trio.Cancelled:  # the client left, or a sibling failed
+                if stream.cut or not stream.ended:  # (else the engine made it all)
+                    tracked.abort_cause = tracked.abort_cause or "cancelled"
                 raise
             finally:
                 await stream.aclose()

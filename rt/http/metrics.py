@@ -29,8 +29,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class EngineState:
     """What the collector reads at scrape time."""
 
-    running: int  # requests in flight that have their first token
-    waiting: int  # requests in flight still waiting for it
+    running: int  # requests the engine has not ended that have their first token
+    waiting: int  # requests the engine has not ended still waiting for it
     scheduler: SchedulerStats | None  # the scheduler's last report (idle, or each second busy)
     actors: tuple[ActorStatus, ...]
 

@@ -212,6 +212,26 @@ def test_a_client_that_stops_reading_holds_no_room_once_its_generation_ended() -
             answer = httpx.post(f"{server.url}/generate", json=short, timeout=30)
             assert answer.status_code == 200, answer.text
             assert server.info()["requests_in_flight"] == 3  # still not read
+            # nor are they running, or waiting, in /metrics: the engine is done with them
+            gauges = metrics(server)
+            assert gauges["rt_num_running_reqs"] == gauges["rt_num_queue_reqs"] == 0, gauges
         finally:
             for sock in stuck:
                 sock.close()
+        deadline = time.monotonic() + 30
+        while server.info()["requests_in_flight"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        # their clients left before reading it all, but no generation was cut short
+        assert metrics(server).get('rt_aborted_requests_total{cause="cancelled"}', 0) == 0
+
+
+def metrics(server: Server) -> dict[str, float]:
+    """/metrics' samples without labels, and rt_aborted_requests_total's."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    samples = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name and not name.startswith("#") and ("{" not in name or "aborted" in name):
+            samples[name] = float(value)
+    return samples
