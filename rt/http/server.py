@@ -135,6 +135,14 @@ class OneConnection(TCPServer):
             finally:
                 gate.leave()
 
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # The peer has closed. hypercorn, with no request in progress, kept the
+        # connection, and its fd, until its keep-alive timeout: 5 s, in which a
+        # client that opened and closed connections held places under the cap.
+        # (A request in progress ends as hypercorn has it end; then it closes.)
+        await self.idle_task.stop()
+
     async def _run(self) -> None:
         try:
             await super().run()  # closes the connection on its way out

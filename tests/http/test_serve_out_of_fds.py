@@ -176,7 +176,13 @@ async def test_past_max_connections_new_ones_get_503_and_the_open_ones_go_on() -
     with running_server("--load-format=null", "--max-connections=4") as server:
         async with kept_client(server) as client:  # its connection: 1 of 4
             async with open_websocket_url(f"ws://127.0.0.1:{server.port}/ws") as ws:  # 2 of 4
+                for _ in range(5):  # opened and closed: their places come back at once
+                    socket.create_connection(("127.0.0.1", server.port)).close()
+                await trio.sleep(0.5)  # (hypercorn held each for its keep-alive timeout, 5 s)
                 fillers = fill(server.port, 2)  # 4 of 4
+                for sock in fillers:
+                    sock.settimeout(10)
+                    assert sock.recv(12, socket.MSG_PEEK) == b"HTTP/1.1 101"
                 try:
                     # a fifth: answered 503 before its request is read, and closed
                     with socket.create_connection(("127.0.0.1", server.port)) as extra:
