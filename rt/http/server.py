@@ -22,6 +22,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.trio.tcp_server import TCPServer
 from starlette.middleware.cors import CORSMiddleware
 
+from rt.http import protocols
 from rt.http.app import App
 from rt.http.connections import Gate
 from rt.http.front import Front
@@ -154,6 +155,7 @@ class OneConnection(TCPServer):
 
 
 hypercorn.trio.run.TCPServer = OneConnection  # type: ignore[misc]  # what worker_serve runs
+protocols.install()  # HTTP/1.1 and WebSocket with no extension, no HTTP/2
 
 
 class Throttle(logging.Filter):
