@@ -22,9 +22,16 @@ the connection dropped). The frames rt sends are short JSON deltas, which
 compression hardly shortens: no extension is negotiated, an offer is
 ignored (RFC 6455 9.1), and a frame the client compresses anyway closes its
 connection (1002).
+
+A frame wsproto could not parse (that one, a text frame not in UTF-8, a
+control frame too long) ended the connection with no close frame: the
+client saw 1006 and not why. It gets the close wsproto names (1002, 1007)
+and its reason, as RFC 6455 7.1.7 has an endpoint that fails a connection do.
 """
 
 from __future__ import annotations
+
+from collections.abc import Generator, Iterable
 
 import h11
 import hypercorn.protocol
@@ -32,6 +39,9 @@ import hypercorn.protocol.ws_stream
 from hypercorn.events import Closed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.ws_stream import Handshake
+from wsproto import ConnectionType
+from wsproto.connection import Connection, ConnectionState
+from wsproto.events import CloseConnection, Event
 
 HTTP2_PREFACE = (b"PRI", b"*", b"2.0")  # method, target, version of HTTP/2's first line
 
@@ -57,11 +67,33 @@ class Http11(H11Protocol):
 
 
 class NoExtensions(Handshake):
-    """A WebSocket handshake that accepts none of the extensions offered."""
+    """A WebSocket handshake that accepts none of the extensions offered, and
+    gives the connection a ``FailsWithClose``."""
 
     def __init__(self, headers: list[tuple[bytes, bytes]], http_version: str) -> None:
         super().__init__(headers, http_version)
         self.extensions = None
+
+    def accept(
+        self, subprotocol: str | None, additional_headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[int, list[tuple[bytes, bytes]], Connection]:
+        status, headers, _ = super().accept(subprotocol, additional_headers)
+        return status, headers, FailsWithClose(ConnectionType.SERVER)
+
+
+class FailsWithClose(Connection):
+    """wsproto's connection, which has a frame it cannot parse answered with a close.
+
+    wsproto tells of such a frame by a ``CloseConnection`` (its code 1002 or
+    1007) while the connection is still open, and hypercorn answers a close
+    only in the state a client's close frame leaves: the connection is put
+    in that state, and hypercorn answers as it would the client's close."""
+
+    def events(self) -> Generator[Event]:
+        for event in super().events():
+            if isinstance(event, CloseConnection) and self.state is ConnectionState.OPEN:
+                self._state = ConnectionState.REMOTE_CLOSING
+            yield event
 
 
 def install() -> None:

@@ -133,5 +133,25 @@ def test_a_compressed_websocket_frame_closes_its_connection_unread(default_serve
     answer = exchange(default_server, handshake, client_frame(bomb, compressed=True))
     head, _, rest = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 101 "), head
-    assert all(opcode == 0x8 for opcode, _ in server_frames(rest)), rest[:200]  # no answer
+    assert closed_with(rest) == 1002  # protocol error, and no answer before it
     assert httpx.get(f"{default_server.url}/health", timeout=30).status_code == 200
+
+
+def test_a_frame_that_cannot_be_parsed_is_answered_with_a_close_saying_why(
+    default_server: Server,
+) -> None:
+    """The connection used to end with no close frame (the client saw 1006)."""
+    cases = {
+        client_frame(b'{"id": "\xff"}'): 1007,  # a text frame not in UTF-8
+        bytes([0x89, 0x80 | 126]) + (200).to_bytes(2) + bytes(4) + b"p" * 200: 1002,  # long ping
+    }
+    for frame, code in cases.items():
+        answer = exchange(default_server, WS_HANDSHAKE + b"\r\n", frame)
+        assert closed_with(answer.partition(b"\r\n\r\n")[2]) == code, answer[-100:]
+
+
+def closed_with(frames: bytes) -> int:
+    """The code of the close frame that ends ``frames``, the only frame in them."""
+    [(opcode, payload)] = server_frames(frames)
+    assert opcode == 0x8, (opcode, payload)
+    return int.from_bytes(payload[:2])
