@@ -32,7 +32,8 @@ class DetokParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     stop: tuple[str, ...] = ()
-    no_stop_trim: bool = False  # a stop string that ends the text stays in it
+    # a stop string, or stop token (EOS, a stop_token_ids), that ends the text stays in it
+    no_stop_trim: bool = False
     # stop strings count from this many output tokens on (the request's min_new_tokens,
     # as vLLM's min_tokens: the text before is emitted as it is, never matched)
     min_new_tokens: int = 0
@@ -46,6 +47,7 @@ class TokenUpdate:
     token_offset: int  # position of ids[0] in the request's output
     ids: Sequence[int]
     finished: bool = False  # the scheduler finished it (EOS, length, abort)
+    stop_token: bool = False  # its last token is a stop token that ended it (EOS, stop_token_ids)
 
 
 @dataclass(frozen=True)
@@ -136,13 +138,21 @@ class IncrementalDetokenizer:
             elif 0 < cut < len(update.ids):
                 split.add(update.rid)
                 first.append(TokenUpdate(update.rid, update.token_offset, update.ids[:cut]))
-                rest.append(TokenUpdate(update.rid, armed, update.ids[cut:], update.finished))
+                rest.append(
+                    TokenUpdate(
+                        update.rid, armed, update.ids[cut:], update.finished, update.stop_token
+                    )
+                )
             else:
                 first.append(update)
         return self._step(first) + (self._step(rest) if rest else [])
 
     def _step(self, updates: Sequence[TokenUpdate]) -> list[TextDelta]:
+        """A stop token that ends a request is in its ids but not in its text,
+        unless it asks ``no_stop_trim`` (as vLLM and SGLang have it): it is kept
+        out of the decode, and added to the ids after."""
         touched: list[tuple[TokenUpdate, DecodeState, tuple[int, ...], int]] = []
+        trimmed: set[str] = set()
         for update in updates:
             state = self._states.get(update.rid)
             if state is None or state.finished:
@@ -157,14 +167,21 @@ class IncrementalDetokenizer:
             if not new and not update.finished:
                 continue
             first = state.n_output
-            state.ids.extend(new)
+            if new and update.finished and update.stop_token and not state.params.no_stop_trim:
+                trimmed.add(update.rid)
+                state.ids.extend(new[:-1])
+            else:
+                state.ids.extend(new)
             touched.append((update, state, new, first))
         try:
             texts = self._decode_pairs([s for _, s, _, _ in touched])
         except Exception:  # undo the batch, so that each update can be retried alone
-            for _, state, new, _ in reversed(touched):
-                del state.ids[len(state.ids) - len(new) :]
+            for update, state, new, _ in reversed(touched):
+                del state.ids[len(state.ids) - len(new) + (update.rid in trimmed) :]
             raise
+        for update, state, new, _ in touched:
+            if update.rid in trimmed:
+                state.ids.append(new[-1])
         deltas = []
         for (update, state, new, first), (prefix_text, full_text) in zip(
             touched, texts, strict=True

@@ -309,7 +309,14 @@ class DetokenizerActor(Actor):
                     del round_[key]  # wait for a reopen with what came before
                     self._park(key, item)
             updates = [
-                TokenUpdate(key, p.seq.token_offset, p.seq.ids, finished=_ends(p.seq))
+                TokenUpdate(
+                    key,
+                    p.seq.token_offset,
+                    p.seq.ids,
+                    finished=_ends(p.seq),
+                    stop_token=p.seq.finish_reason == "stop"
+                    and isinstance(p.seq.matched_stop, int),
+                )
                 for key, p in round_.items()
             ]
             try:

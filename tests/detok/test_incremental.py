@@ -190,3 +190,28 @@ def test_opening_an_open_request_merges_its_prior_output(tokenizer) -> None:
     assert detok.open("r", [], DetokParams(), prior_ids=ids[:3]) == []
     (rest,) = detok.step([TokenUpdate("r", 3, ids[3:], finished=True)])
     assert delta.text + rest.text == "Hello there friend"
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["trimmed", "no_stop_trim"])
+@pytest.mark.parametrize("chunking", ["one", "whole"])
+def test_a_stop_token_that_ends_the_request_is_in_its_ids_not_its_text(
+    tokenizer, keep: bool, chunking: str
+) -> None:
+    """As vLLM (unless include_stop_str_in_output) and SGLang (unless no_stop_trim)
+    have it: the stop token's text was emitted, and the text of a request stopped
+    by ``stop_token_ids`` ended with the very token asked to stop it."""
+    ids = tokenizer.encode("And the king said unto them")
+    detok = IncrementalDetokenizer(tokenizer)
+    detok.open("r", tokenizer.encode("Prompt:"), DetokParams(no_stop_trim=keep))
+    sizes = [1] * len(ids) if chunking == "one" else [len(ids)]
+    deltas, pos = [], 0
+    for n in sizes:
+        last = pos + n == len(ids)
+        update = TokenUpdate("r", pos, ids[pos : pos + n], finished=last, stop_token=last)
+        deltas += detok.step([update])
+        pos += n
+    text = "".join(d.text for d in deltas)
+    assert text == tokenizer.decode(ids if keep else ids[:-1])
+    assert [t for d in deltas for t in d.ids] == ids and deltas[-1].finished
+    assert detok.output_len("r") == len(ids)
+    assert detok.step([TokenUpdate("r", len(ids) - 1, ids[-1:], True, True)]) == []

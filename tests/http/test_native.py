@@ -59,6 +59,26 @@ def test_a_stop_string_is_trimmed_unless_no_stop_trim(default_server: Server) ->
         assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
 
 
+def test_a_stop_token_is_in_the_ids_and_out_of_the_text_unless_no_stop_trim(
+    default_server: Server,
+) -> None:
+    """As vLLM and SGLang answer: the text used to end with the stop token's own."""
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    ids = generate(default_server, {"text": "And God said", "sampling_params": GREEDY})[
+        "output_ids"
+    ]
+    stop = ids[3]
+    at = ids.index(stop)
+    for trim, want in ((None, ids[:at]), (True, ids[: at + 1])):
+        params = {**GREEDY, "stop_token_ids": [stop], "no_stop_trim": trim}
+        body = {"text": "And God said", "sampling_params": params}
+        out = generate(default_server, body)
+        assert out["output_ids"] == ids[: at + 1]
+        assert out["text"] == tokenizer.decode(want)
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        assert events(default_server, {**body, "stream": True})[-1]["text"] == out["text"]
+
+
 def test_input_ids_give_what_the_text_gives(default_server: Server) -> None:
     tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
     ids = tokenizer.encode("And God said").ids
