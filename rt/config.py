@@ -21,7 +21,11 @@ from pydantic import (
 )
 
 from rt.actors.affinity import parse_cpu_list
-from rt.errors import ConfigError
+from rt.errors import ConfigError, InvalidRequestError
+from rt.gpu.sampling_params import SamplingParams
+
+# what generation_config.json may set for requests that leave it out (vLLM's and SGLang's)
+MODEL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 class EngineOptions(BaseModel):
@@ -71,6 +75,13 @@ class EngineOptions(BaseModel):
         "of the batch nor on whether its prefix came from prefill or decode",
     )
     seed: int = 0
+    sampling_defaults: Literal["model", "openai"] = Field(
+        "model",
+        description="model: the sampling parameters a request leaves out take the values "
+        "the model's generation_config.json sets (temperature, top_p, top_k, min_p, "
+        "repetition_penalty), as vLLM and SGLang do; openai: the API's own (temperature 1, "
+        "top_p 1, no top_k or min_p, repetition_penalty 1)",
+    )
     # torch's intra-op threads in the scheduler (None: torch's default, one per core). On a
     # host whose cores other processes share, 1 avoids OpenMP threads waiting on each other
     # (docs/benchmarks.md: several times faster on a loaded 2-core machine)
@@ -252,6 +263,29 @@ class EngineOptions(BaseModel):
         except FileNotFoundError as err:
             raise ConfigError(f"model_path: no config.json in {path.parent}") from err
         return config
+
+    def model_sampling_defaults(self) -> dict[str, Any]:
+        """What generation_config.json sets of ``MODEL_SAMPLING_KEYS`` (none with
+        ``sampling_defaults="openai"``). A ConfigError if a request could not take them:
+        each would be refused for a value it never sent."""
+        path = Path(self.resolved_model_path()) / "generation_config.json"
+        if self.sampling_defaults == "openai" or not path.is_file():
+            return {}
+        try:
+            gen = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{path} is not valid JSON: {err}") from err
+        if not isinstance(gen, dict):
+            raise ConfigError(f"{path}: expected a JSON object, got {type(gen).__name__}")
+        defaults = {k: gen[k] for k in MODEL_SAMPLING_KEYS if gen.get(k) is not None}
+        try:
+            SamplingParams(**defaults).validate(self.model_limits()[1])
+        except InvalidRequestError as err:
+            raise ConfigError(
+                f"{path}: {err} (sampling_defaults='openai', rt-serve's --sampling-defaults "
+                "openai, leaves it unread)"
+            ) from err
+        return defaults
 
     def model_limits(self) -> tuple[int, int]:
         """(context length, vocabulary size) from the model's config.json."""

@@ -150,6 +150,15 @@ ENGINE_FLAGS = (
         "the largest decode batch --enable-torch-compile compiles",
     ),
     Flag("--random-seed", "seed", int, "the engine's seed (model init for dummy weights)"),
+    Flag(
+        "--sampling-defaults",
+        "sampling_defaults",
+        str,
+        "model: sampling parameters a request leaves out take the model's "
+        "generation_config.json values (temperature, top_p, top_k, min_p, repetition_penalty), "
+        "as SGLang and vLLM do; openai: the API's defaults (temperature 1, top_p 1)",
+        ("model", "openai"),
+    ),
     Flag("--tokenizer-worker-num", "tokenizer_workers", int, "tokenizer processes"),
     Flag(
         "--tokenizer-batch-size", "tokenizer_batch_size", int, "prompts per tokenizer call at most"

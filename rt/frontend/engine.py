@@ -80,6 +80,7 @@ class Engine:
     def __init__(self, options: EngineOptions, supervisor: Supervisor) -> None:
         self.options = options
         self.context_length, self.vocab_size = options.model_limits()
+        self.sampling_defaults = options.model_sampling_defaults()
         self.table = RequestTable(options.max_crashes_per_request)
         self._sup = supervisor
         workers = options.tokenizer_workers
@@ -214,8 +215,12 @@ class Engine:
             )
 
     def _build(self, prompt: Any, options: dict[str, Any]) -> tuple[GenerateRequest, str]:
-        """The request with a ring rid of its own, and the caller's rid."""
+        """The request with a ring rid of its own, and the caller's rid; the sampling
+        parameters it leaves out (or gives as None) take the model's defaults."""
         self._check_run()
+        for key, value in self.sampling_defaults.items():
+            if options.get(key) is None:
+                options = {**options, key: value}
         limits = self.vocab_size, self.context_length, self.options.schedule_policy
         req = build_request(prompt, options, *limits, self.options.max_logprobs)
         return msgspec.structs.replace(req, rid=uuid.uuid4().hex), req.rid
@@ -536,6 +541,9 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     then the body is cancelled and the ``async with`` exits normally, with every process
     stopped and every segment unlinked; ``engine.stopped_by`` names the signal."""
     opts = EngineOptions.build(model_path=model_path, **options)
+    defaults = opts.model_sampling_defaults()  # refused before any process starts
+    if defaults:
+        log.info("sampling parameters a request leaves out: the model's %s", defaults)
     spec, plan = supervisor_spec(opts), opts.fault_plan
     plan = FaultPlan.load(plan) if isinstance(plan, str) else plan
     raised: list[BaseException] = []  # by the body of the ``async with``

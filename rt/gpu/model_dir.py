@@ -20,7 +20,6 @@ class ModelFiles:
     eos_token_ids: tuple[int, ...]  # generation_config.json first, then config.json
     chat_template: str | None
     tokenizer_file: Path | None
-    generation_defaults: dict[str, Any]
 
 
 def read_model_dir(model_path: str | Path) -> ModelFiles:
@@ -44,16 +43,12 @@ def read_model_dir(model_path: str | Path) -> ModelFiles:
     if jinja.is_file():
         template = jinja.read_text()
     tokenizer_file = path / "tokenizer.json"
-    defaults: dict[str, Any] = {
-        k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gen
-    }
     return ModelFiles(
         path=path,
         config=config,
         eos_token_ids=tuple(eos),
         chat_template=template,
         tokenizer_file=tokenizer_file if tokenizer_file.is_file() else None,
-        generation_defaults=defaults,
     )
 
 

@@ -84,6 +84,7 @@ async def server_info(front: Front, ex: Exchange) -> None:
                 "path": options.resolved_model_path(),
                 "context_length": front.context_length,
                 "vocab_size": front.vocab_size,
+                "sampling_defaults": front.engine.sampling_defaults,  # generation_config.json's
             },
             "config": config,
             "server": settings,
