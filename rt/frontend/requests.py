@@ -267,6 +267,8 @@ def _messages(name: str, messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
                 f"{where}: expected a chat message (an object with 'role' and 'content'), "
                 f"got {described(msg)}"
             )
+        if _calls_tools(msg) and msg.get("content") is None:  # OpenAI lets it have no text
+            msg = {**msg, "content": ""}
         for key in ("role", "content"):
             if key not in msg:
                 raise InvalidRequestError(
@@ -280,6 +282,13 @@ def _messages(name: str, messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
         _json(where, msg, 0, budget)
         out.append({**msg, "content": _content(f"{where}.content", msg["content"])})
     return tuple(out)
+
+
+def _calls_tools(msg: Mapping[str, Any]) -> bool:
+    """An assistant's message that calls tools, whose content may be null or left out."""
+    return msg.get("role") == "assistant" and bool(
+        msg.get("tool_calls") or msg.get("function_call")
+    )
 
 
 def _content(where: str, content: Any) -> str:

@@ -193,6 +193,19 @@ def test_an_accepted_request_is_what_the_tokenizer_will_read() -> None:
     assert req.sampling.stop_token_ids == (2,) and isinstance(req.sampling.seed, int)
 
 
+def test_an_assistant_message_that_calls_tools_may_have_no_content() -> None:
+    """As OpenAI's API has it (and vLLM takes it): content null or left out."""
+    calls = {"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f"}}]}
+    for message in (
+        {"role": "assistant", "content": None, **calls},
+        {"role": "assistant", **calls},
+    ):
+        req = build_request(None, {"messages": [*CHAT, message]}, VOCAB)
+        assert req.messages[1] == {"role": "assistant", "content": "", **calls}
+    with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.content: expected a string"):
+        build_request(None, {"messages": [*CHAT, {"role": "assistant", "content": None}]}, VOCAB)
+
+
 def test_text_parts_of_a_chat_message_are_its_text_joined_by_newlines() -> None:
     parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two", "extra": 1}]
     req = build_request(
