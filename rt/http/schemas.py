@@ -124,6 +124,7 @@ class OpenAISampling(BaseModel):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None

@@ -364,6 +364,7 @@ def test_fields_that_ask_for_nothing_rt_lacks_are_accepted(client: openai.OpenAI
         modalities=["text"],
         safety_identifier="user-1",
         prompt_cache_key="k",
+        prompt_cache_retention="24h",
     )
     assert out.choices[0].message.content
     chunks = list(
