@@ -160,7 +160,9 @@ def test_a_client_that_pauses_for_less_than_the_timeout_is_served_to_the_end(
     before = len(cut_lines(server))
     sock = post_stream(server.port, body(32), http="1.0")  # not chunked; the end is EOF
     start = time.monotonic()
-    data = read_to_end(sock, every_s=SEND_TIMEOUT_S / 2)  # the server fills the buffers, waits
+    # the server fills the buffers, and waits; 1 MiB a pause: ~7 pauses for the ~7 MB
+    # (draining all that had come, a machine whose buffers had grown took 3 pauses)
+    data = read_to_end(sock, every_s=SEND_TIMEOUT_S / 2, at_most=1 << 20)
     took = time.monotonic() - start
     events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: {")]
     finished = [e for e in events if e["meta_info"].get("finish_reason")]
