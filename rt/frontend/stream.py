@@ -57,6 +57,7 @@ class Stream:
         await self.aclose()
 
     async def __anext__(self) -> Chunk:
+        self._engine._check_run()  # read from another run, its wake-ups killed the engine's
         if self._done:
             raise StopAsyncIteration
         if self._reading:
@@ -185,6 +186,7 @@ class Stream:
         self._hold.close()
 
     async def aclose(self) -> None:
+        self._engine._check_run()  # from another run, it hung the engine's controls for good
         self.close()
         await trio.lowlevel.checkpoint()
 

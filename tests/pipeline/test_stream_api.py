@@ -164,7 +164,29 @@ async def test_a_caller_in_another_trio_run_is_refused_and_the_engine_goes_on(
         with trio.fail_after(30):
             said = await trio.to_thread.run_sync(other_run)
         assert "this engine lives in another trio run" in said, said
-        out = await engine.generate("hi", max_new_tokens=2)
+        # a stream made here, read or closed there: that killed the engine's run, or
+        # hung its controls for good (a review of the trio API)
+        async with engine.stream("hi", **LONG) as stream:
+            await stream.__anext__()
+            for use in (stream.__anext__, stream.aclose):
+
+                def misuse(use: Any = use) -> str:
+                    async def call() -> str:
+                        try:
+                            await use()
+                        except RuntimeError as err:
+                            return str(err)
+                        return "used"
+
+                    return trio.run(call)
+
+                with trio.fail_after(30):
+                    said = await trio.to_thread.run_sync(misuse)
+                assert "this engine lives in another trio run" in said, said
+        with trio.fail_after(30):
+            out = await engine.generate("hi", max_new_tokens=2)
+            await engine.pause_generation()
+            await engine.continue_generation()
         assert len(out.output_ids) == 2
         assert all(a.restart_count == 0 for a in engine.actors())
 
