@@ -144,44 +144,38 @@ async def test_a_stream_as_a_context_manager_aborts_at_its_exit(tiny_model) -> N
         await reusable(engine, "C")  # aborted at once: 400 tokens would take seconds
 
 
+async def in_another_run(use: Any) -> str:
+    """What awaiting ``use()`` in a thread's own ``trio.run`` says: the RuntimeError's
+    message, or "used"."""
+
+    def other_run() -> str:
+        async def call() -> str:
+            try:
+                await use()
+            except RuntimeError as err:
+                return str(err)
+            return "used"
+
+        return trio.run(call)
+
+    with trio.fail_after(30):
+        return await trio.to_thread.run_sync(other_run)
+
+
 async def test_a_caller_in_another_trio_run_is_refused_and_the_engine_goes_on(
     tiny_model,
 ) -> None:
     """A thread's own ``trio.run`` calling the engine killed the engine's run (an
-    AssertionError inside trio, when the engine woke the foreign task)."""
+    AssertionError inside trio, when the engine woke the foreign task); so did
+    reading a stream made in the engine's run, and closing it hung the engine's
+    controls for good (a review of the trio API)."""
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
-
-        def other_run() -> str:
-            async def call() -> str:
-                try:
-                    await engine.generate("hi", max_new_tokens=2)
-                except RuntimeError as err:
-                    return str(err)
-                return "served"
-
-            return trio.run(call)
-
-        with trio.fail_after(30):
-            said = await trio.to_thread.run_sync(other_run)
+        said = await in_another_run(lambda: engine.generate("hi", max_new_tokens=2))
         assert "this engine lives in another trio run" in said, said
-        # a stream made here, read or closed there: that killed the engine's run, or
-        # hung its controls for good (a review of the trio API)
         async with engine.stream("hi", **LONG) as stream:
             await stream.__anext__()
             for use in (stream.__anext__, stream.aclose):
-
-                def misuse(use: Any = use) -> str:
-                    async def call() -> str:
-                        try:
-                            await use()
-                        except RuntimeError as err:
-                            return str(err)
-                        return "used"
-
-                    return trio.run(call)
-
-                with trio.fail_after(30):
-                    said = await trio.to_thread.run_sync(misuse)
+                said = await in_another_run(use)
                 assert "this engine lives in another trio run" in said, said
         with trio.fail_after(30):
             out = await engine.generate("hi", max_new_tokens=2)
