@@ -21,6 +21,13 @@ def only(group: BaseExceptionGroup, err: BaseException) -> bool:
     )
 
 
+def lone(group: BaseExceptionGroup) -> BaseException | None:
+    """The one leaf of ``group`` that is not a Cancelled, if there is exactly one:
+    what stopped a start-up (an escalation, a Ctrl-C), the rest its echoes."""
+    leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+    return leaves[0] if len(leaves) == 1 else None
+
+
 def made_of(err: BaseException, *kinds: type[BaseException]) -> bool:
     """Whether ``err`` is one of ``kinds``, or a group whose every leaf is."""
     if isinstance(err, BaseExceptionGroup):

@@ -53,7 +53,7 @@ from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
 from rt.frontend.tokenizer_queues import TokenizerQueues
 from rt.frontend.wiring import SCHEDULER, can_serve, supervisor_spec
-from rt.groups import made_of, only, raise_as_is
+from rt.groups import lone, made_of, only, raise_as_is
 from rt.messages import (
     Abort,
     CloseStream,
@@ -539,9 +539,14 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     ``drain_timeout`` seconds to finish (a second signal: none), those left then
     fail with EngineShutdownError (escaping the body, it ends it as the stop would),
     then the body is cancelled and the ``async with`` exits normally, with every process
-    stopped and every segment unlinked; ``engine.stopped_by`` names the signal."""
+    stopped and every segment unlinked; ``engine.stopped_by`` names the signal.
+
+    A start that fails raises its own error, never a group: ConfigError for options
+    no engine could take (before any process starts), EscalationError for an actor
+    that cannot start, KeyboardInterrupt for a Ctrl-C that came first."""
     opts = EngineOptions.build(model_path=model_path, **options)
-    defaults = opts.model_sampling_defaults()  # refused before any process starts
+    opts.check_device()  # CUDA asked for on a host without it: before any process starts
+    defaults = opts.model_sampling_defaults()  # refused before any process starts too
     if defaults:
         log.info("sampling parameters a request leaves out: the model's %s", defaults)
     spec, plan = supervisor_spec(opts), opts.fault_plan
@@ -577,4 +582,7 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
         # what the body raised, as itself (rt/groups.py); beside an escalation, a group
         if raised and only(group, raised[0]):
             raise_as_is(raised[0])
+        single = lone(group)  # an escalation or a Ctrl-C alone, as itself too
+        if single is not None:
+            raise_as_is(single)
         raise
