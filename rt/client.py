@@ -11,14 +11,18 @@ and one reader task routes the server's frames to the request they name::
 
 The body of a request is that of ``POST /generate`` (``text`` or
 ``input_ids``, ``sampling_params``, ``return_logprob``, ``top_logprobs_num``,
-``rid``, …); the server, not this client, checks it. Cancelling the task that
-awaits a request, or leaving a stream early, sends ``cancel`` for it.
+``rid``, …); the server checks it, but for what JSON cannot carry as given
+(bytes, NaN or infinity, a lone surrogate, an object of another type), which
+this client refuses before sending, with :class:`rt.errors.InvalidRequestError`
+naming the field. Cancelling the task that awaits a request, or leaving a
+stream early, sends ``cancel`` for it.
 
 Errors: an ``error`` frame raises :class:`RemoteError` (a
 :class:`rt.errors.RequestError`, with the frame's ``status`` and ``message``);
 a connection the server closed or lost fails every request in flight, and
-every later one, with :class:`rt.errors.Broken`; a client used after its
-``async with`` has exited raises :class:`rt.errors.Closed`.
+every later one, with :class:`rt.errors.Broken`, as does a server that answers
+no ping within ``ping_timeout`` (stopped, frozen, or its host gone); a client
+used after its ``async with`` has exited raises :class:`rt.errors.Closed`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ from rt.groups import raise_as_is
 __all__ = ["Client", "Delta", "RemoteError", "Stream", "connect", "ws_url"]
 
 log = logging.getLogger(__name__)
-MAX_MESSAGE_SIZE = 16 << 20  # a done frame with logprobs can be large
+MAX_MESSAGE_SIZE = 256 << 20  # a done frame with n sequences of top logprobs can be large
+PING_INTERVAL = 20.0  # seconds between pings (as the websockets library's)
+PING_TIMEOUT = 20.0  # a server that answers none within this is gone
 Frame = dict[str, Any]
 
 
@@ -137,9 +143,10 @@ class Client:
         if self._failure is not None:
             raise type(self._failure)(str(self._failure))
         fid = str(next(self._ids))  # the frame id, not the body's rid
+        message = _encode({**body, "id": fid, "type": "generate"})  # refused: nothing sent
         send, receive = trio.open_memory_channel[Frame | errors.RtError](math.inf)
         self._pending[fid] = send
-        self._post({**body, "id": fid, "type": "generate"})
+        self._outbox_send.send_nowait(message)
         return fid, receive
 
     def _cancel(self, fid: str) -> None:
@@ -149,7 +156,7 @@ class Client:
     def _post(self, frame: Frame) -> None:
         # One writer task sends every frame: a cancelled caller never interrupts a
         # send halfway, and cancel can be posted from a synchronous close().
-        self._outbox_send.send_nowait(msgspec.json.encode(frame).decode())
+        self._outbox_send.send_nowait(_encode(frame))
 
     async def _write(self) -> None:
         async for message in self._outbox:
@@ -158,19 +165,44 @@ class Client:
             except trio_websocket.ConnectionClosed:
                 return  # the reader sees it too, and fails what is in flight
 
-    async def _read(self) -> None:
+    async def _read(self, max_message_size: int) -> None:
         try:
             while True:
                 self._route(await self._ws.get_message())
         except trio_websocket.ConnectionClosed as err:
             reason = err.reason
             said = f"code {reason.code} ({reason.name}) {reason.reason or ''}" if reason else ""
+            if reason is not None and reason.code == 1009 and self._failure is None:
+                said += (
+                    f" (a frame from the server was over this client's max_message_size, "
+                    f"{max_message_size} bytes: connect with a larger one)"
+                )
             self._fail(
                 errors.Broken(
                     f"the WebSocket connection to {self.url} closed: {said.strip()}; "
                     "requests in flight on it are lost, open a new connection to go on"
                 )
             )
+
+    async def _keepalive(self, interval: float, timeout: float) -> None:
+        """A ping each ``interval``; no pong within ``timeout``: the server is gone
+        (stopped, frozen, its host down), which TCP alone tells no one for hours."""
+        while self._failure is None:
+            await trio.sleep(interval)
+            with trio.move_on_after(timeout) as waiting:
+                try:
+                    await self._ws.ping()
+                except trio_websocket.ConnectionClosed:
+                    return  # the reader sees it too, and says why
+            if waiting.cancelled_caught:
+                self._fail(
+                    errors.Broken(
+                        f"{self.url} answered no ping within {timeout:g} s: the server is "
+                        "stopped or frozen, or the network to it is down; requests in flight "
+                        "on it are lost, open a new connection to go on"
+                    )
+                )
+                return
 
     def _route(self, message: str | bytes) -> None:
         try:
@@ -195,6 +227,53 @@ class Client:
         for waiter in pending.values():
             waiter.send_nowait(type(error)(str(error)))  # one instance per request
             waiter.close()
+
+
+def _encode(frame: Frame) -> str:
+    _check(frame, "")
+    return msgspec.json.encode(frame).decode()
+
+
+def _check(value: Any, path: str) -> None:
+    """Refuse what JSON cannot carry as the caller gave it: msgspec would send
+    bytes as base64 text and NaN as null, so that the server ran another
+    request than the one asked for, and would fail on other types after the
+    request was registered."""
+    where = path or "the body"
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise errors.InvalidRequestError(
+                    f"{where}: expected a string of valid Unicode, got one with a lone surrogate"
+                ) from None
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise errors.InvalidRequestError(
+                f"{where}: expected a finite number, got {value!r} (JSON has no NaN or infinity)"
+            )
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check(item, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, bool) or not isinstance(key, str | int):  # (an int as its text)
+                raise errors.InvalidRequestError(
+                    f"{where}: expected str (or int) keys, got {key!r}"
+                )
+            _check(item, f"{path}.{key}" if path else str(key))
+        return
+    hint = "; decode it to a str first" if isinstance(value, bytes | bytearray) else ""
+    raise errors.InvalidRequestError(
+        f"{where}: expected a str, number, bool, None, list or dict, "
+        f"got {type(value).__name__}{hint}"
+    )
 
 
 class Stream:
@@ -267,11 +346,17 @@ async def connect(
     api_key: str | None = None,
     connect_timeout: float = 10.0,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    ping_interval: float | None = PING_INTERVAL,
+    ping_timeout: float = PING_TIMEOUT,
 ) -> AsyncIterator[Client]:
     """Open a connection for the body of the ``async with``. ``url`` is the
     server's ``ws://host:port/ws`` (or its ``http://host:port``); ``api_key`` is
     sent as ``Authorization: Bearer``. Leaving the body closes the connection,
     and the server cancels whatever was still in flight on it.
+
+    A frame from the server over ``max_message_size`` bytes ends the connection
+    (close code 1009). Every ``ping_interval`` seconds (None: never) the client
+    pings; a server that answers none within ``ping_timeout`` is taken for gone.
 
     Raises :class:`rt.errors.Broken` when no connection can be opened within
     ``connect_timeout`` seconds: nothing listening, or a refused handshake (a
@@ -313,16 +398,20 @@ async def connect(
                         f"{connect_timeout:g} s"
                     )
                 client = Client(ws, target)
-                nursery.start_soon(client._read)
+                nursery.start_soon(client._read, max_message_size)
                 nursery.start_soon(client._write)
+                if ping_interval is not None:
+                    nursery.start_soon(client._keepalive, ping_interval, ping_timeout)
                 try:
                     yield client
                 finally:
+                    lost = client._failure is not None  # closed, or answering nothing
                     client._fail(
                         errors.Closed("the client was closed: its `async with` has exited")
                     )
-                    with trio.move_on_after(connect_timeout):
-                        await ws.aclose()  # the close handshake
+                    if not lost:
+                        with trio.move_on_after(connect_timeout):
+                            await ws.aclose()  # the close handshake
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # Our own tasks raise nothing, and trio-websocket's reader raises only a

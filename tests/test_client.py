@@ -293,3 +293,32 @@ async def test_a_server_that_never_answers_the_handshake_times_out(nursery: trio
     ):
         async with connect(f"ws://127.0.0.1:{port}/ws", connect_timeout=0.2):
             pass
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"text": b"hi"}, r"text: expected a str, .* got bytes; decode it to a str first"),
+        (
+            {"sampling_params": {"temperature": float("nan")}},
+            r"sampling_params\.temperature: expected a finite number, got nan",
+        ),
+        ({"sampling_params": {"stop": ["a", float("inf")]}}, r"sampling_params\.stop\[1\]: .*inf"),
+        ({"text": "a\ud800b"}, r"text: expected a string of valid Unicode, .*lone surrogate"),
+        ({"sampling_params": {"seed": object()}}, r"sampling_params\.seed: .*got object"),
+        ({"logit_bias": {(5,): 1.0}}, r"logit_bias: expected str \(or int\) keys, got \(5,\)"),
+    ],
+)
+async def test_a_body_json_cannot_carry_as_given_is_refused_and_nothing_is_sent(
+    server: FakeServer, body: Frame, says: str
+) -> None:
+    """msgspec sent bytes as base64 text and NaN as null (the server then ran
+    another request than the one asked for, with no error), and a body it could
+    not encode left ``in_flight`` at 1 for good."""
+    async with connect(server.url) as client:
+        with pytest.raises(errors.InvalidRequestError, match=says) as refused:
+            await client.generate(**{"text": "never sent", **body})
+        assert isinstance(refused.value, ValueError)
+        assert client.in_flight == 0
+        assert (await client.generate("still fine"))["text"] == "stillfine"
+    assert [f.get("text") for f in server.received] == ["still fine"]

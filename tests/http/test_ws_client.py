@@ -1,0 +1,61 @@
+"""rt.client against a real rt-serve, where only a real server shows what the
+client must do: a server that stops answering, a frame over the client's limit."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import trio
+from serverlib import SLOW_STEPS, Server, running_server, write_plan
+
+from rt import errors
+from rt.client import connect
+
+LONG = {"max_new_tokens": 400, "ignore_eos": True}  # 20 ms a step: 8 s
+
+
+@pytest.mark.slow
+async def test_a_frozen_server_fails_the_calls_on_its_connection_as_broken(tmp_path) -> None:
+    """SIGSTOP: the kernel still acknowledges every byte, so nothing but a ping
+    tells the client that no answer is coming; without one its calls hung for good."""
+    plan = write_plan(tmp_path / "slow.json", SLOW_STEPS)
+    with running_server("--load-format=null", f"--fault-plan={plan}") as server:
+        async with connect(server.url, ping_interval=0.5, ping_timeout=2.0) as client:
+            stream = client.stream("frozen mid-stream", sampling_params=LONG)
+            await stream.__anext__()  # a delta: the request is in flight
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                with trio.fail_after(30):
+                    with pytest.raises(errors.Broken, match="answered no ping within 2 s"):
+                        async for _ in stream:
+                            pass
+                    with pytest.raises(errors.Broken, match="open a new connection"):
+                        await client.generate("and after", sampling_params={"max_new_tokens": 1})
+                assert client.in_flight == 0
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+        async with connect(server.url) as client:  # the server, thawed, serves on
+            out = await client.generate("thawed", sampling_params={"max_new_tokens": 2})
+            assert len(out["output_ids"]) == 2
+
+
+async def test_a_live_server_answers_the_pings(default_server: Server) -> None:
+    async with connect(default_server.url, ping_interval=0.05, ping_timeout=5.0) as client:
+        await trio.sleep(0.5)  # ten pings, each answered
+        out = await client.generate("still here", sampling_params={"max_new_tokens": 3})
+        assert len(out["output_ids"]) == 3
+
+
+async def test_a_frame_over_max_message_size_says_which_limit_to_raise(
+    default_server: Server,
+) -> None:
+    body = {"return_logprob": True, "top_logprobs_num": 5}
+    params = {"max_new_tokens": 16, "ignore_eos": True}
+    async with connect(default_server.url) as client:  # the default limit takes it
+        out = await client.generate("big frame", sampling_params=params, **body)
+        assert len(out["meta_info"]["output_top_logprobs"]) == 16
+    async with connect(default_server.url, max_message_size=2048) as client:
+        with pytest.raises(errors.Broken, match=r"1009.*over this client's max_message_size"):
+            await client.generate("big frame", sampling_params=params, **body)
