@@ -16,7 +16,9 @@ Client → server (JSON text frames)::
 A bad frame is answered with an error frame for its id (null when it has
 none) and never closes the connection. An error ends the request of its id,
 but for status 409: a ``generate`` whose id is already in flight is refused
-alone, and the request in flight under that id goes on; so is one past
+alone, and the request in flight under that id goes on (one that reuses the id,
+or the rid, of a request cancelled on the connection waits for it to end, and
+is served: the cancel came first); so is one past
 ``Settings.ws_max_in_flight`` in flight (429). The client leaving aborts every
 generation it had in flight; a server that stops closes each connection with
 1001 once what it had in flight has been answered. Frames go out through one
@@ -36,6 +38,7 @@ aborted.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import h11
@@ -56,12 +59,22 @@ GOING = "the server is shutting down"
 UNREAD = f"the client left frames unread for {UNREAD_S:g} s and sent more"
 
 
+@dataclass
+class Running:
+    """A generation in flight on a connection: its scope (cancelled by a ``cancel``
+    frame) and its body's rid; ``ended`` is set once its last frame is queued."""
+
+    scope: trio.CancelScope
+    rid: Any
+    ended: trio.Event = field(default_factory=trio.Event)
+
+
 class Connection:
     def __init__(self, front: Front, send: Send) -> None:
         self.front = front
         self._send = send
         self._out, self._out_recv = trio.open_memory_channel[bytes](OUT_QUEUE)
-        self.in_flight: dict[str | int, trio.CancelScope] = {}
+        self.in_flight: dict[str | int, Running] = {}
         self._scope = trio.CancelScope()  # the connection's: cancelled when it ends
         self._unread = False  # the client does not read: closed with 1008
         self._sent = 0  # frames the writer has handed to the client: its progress
@@ -158,6 +171,7 @@ class Connection:
             if frame.type == "cancel":
                 self._cancel(frame.id)
                 return
+            await self._after_cancelled(frame.id, body.get("rid"))
             if frame.id in self.in_flight:  # 409: this frame is refused, not the request
                 raise HTTPError(
                     409,
@@ -182,22 +196,35 @@ class Connection:
         except HTTPError as err:
             await self._answer(cid, err)
             return
-        scope = trio.CancelScope()
-        self.in_flight[frame.id] = scope
-        nursery.start_soon(self._generate, frame.id, req, jobs, scope)
+        running = Running(trio.CancelScope(), req.rid)
+        self.in_flight[frame.id] = running
+        nursery.start_soon(self._generate, frame.id, req, jobs, running)
 
     def _cancel(self, cid: str | int) -> None:
-        scope = self.in_flight.get(cid)
-        if scope is None:
+        running = self.in_flight.get(cid)
+        if running is None:
             raise HTTPError(
                 404, f"id: no request {cid!r} is in flight on this connection", param="id"
             )
-        scope.cancel()
+        running.scope.cancel()
+
+    async def _after_cancelled(self, cid: str | int, rid: Any) -> None:
+        """A ``generate`` that reuses the id, or the rid, of a request this connection
+        cancelled waits for that one to end (its abort takes milliseconds): the
+        client sent the cancel first, and frames are handled in order. (Refused
+        while it was unwinding, a rid reused at once was a 400 about half the
+        time.) A client that does not read can hold that end: the wait is bounded,
+        and the frame is then refused as before."""
+        for other_cid, running in list(self.in_flight.items()):
+            reused = other_cid == cid or (rid is not None and running.rid == rid)
+            if reused and running.scope.cancel_called:
+                with trio.move_on_after(UNREAD_S):
+                    await running.ended.wait()
 
     async def _generate(
-        self, cid: str | int, req: GenerateRequest, jobs: Any, scope: trio.CancelScope
+        self, cid: str | int, req: GenerateRequest, jobs: Any, running: Running
     ) -> None:
-        front = self.front
+        front, scope = self.front, running.scope
         partial = Result(jobs[0].rid, [])
 
         async def on_delta(i: int, delta: Delta, result: Result) -> None:
@@ -242,6 +269,7 @@ class Connection:
             )
         finally:
             del self.in_flight[cid]
+            running.ended.set()
 
 
 def _done(

@@ -412,3 +412,30 @@ async def test_with_n_above_1_the_done_frame_gives_each_sequence_its_meta_info(
     assert [o["meta_info"]["completion_tokens"] for o in outs] == [
         len(o["output_ids"]) for o in outs
     ]
+
+
+async def test_an_id_or_rid_reused_right_after_its_cancel_is_served(default_server: Server) -> None:
+    """Cancel, then at once a ``generate`` with the same id (or rid): the frames
+    came in that order, so the second is served, after the first's ``done``. It
+    was refused (409 for the id, 400 for the rid) about half the time, while the
+    cancelled request was still unwinding."""
+    long = {"max_new_tokens": 400, "ignore_eos": True}
+    async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
+        for attempt in range(8):
+            same_rid = attempt % 2 == 1  # a new frame id with the same rid, or the same id
+            again = f"again{attempt}" if same_rid else "a"
+            first = {"id": "a", "type": "generate", "rid": "mine", "text": "In the beginning"}
+            await ws.send_message(json.dumps({**first, "sampling_params": long}))
+            assert (await receive(ws))["type"] == "delta"
+            second = {**first, "id": again, "sampling_params": {"max_new_tokens": 2}}
+            await ws.send_message(json.dumps({"id": "a", "type": "cancel"}))
+            await ws.send_message(json.dumps(second))
+            frames = []
+            while sum(f["type"] == "done" for f in frames) < 2:
+                frames.append(await receive(ws))
+                assert frames[-1]["type"] != "error", (attempt, frames[-1])
+            dones = [f for f in frames if f["type"] == "done"]
+            assert [d["id"] for d in dones] == ["a", again]
+            assert dones[0]["meta_info"]["finish_reason"]["type"] == "abort"
+            assert dones[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+            assert dones[-1]["meta_info"]["id"] == "mine"
