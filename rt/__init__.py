@@ -29,11 +29,12 @@ __all__ = [
 
 if TYPE_CHECKING:
     from rt.config import EngineOptions
-    from rt.frontend.engine import Engine, open_engine
+    from rt.frontend.engine import Engine
+    from rt.frontend.start import open_engine
     from rt.outputs import Chunk, GenerateOutput
 
 _LAZY = {
-    "open_engine": "rt.frontend.engine",
+    "open_engine": "rt.frontend.start",
     "Engine": "rt.frontend.engine",
     "EngineOptions": "rt.config",
     "Chunk": "rt.outputs",

@@ -32,28 +32,24 @@ import functools
 import itertools
 import logging
 import math
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
 import trio
 
 from rt import errors
-from rt.actors import ActorState, ActorStatus, Supervisor, open_supervisor
-from rt.actors.faultplan import FaultPlan
+from rt.actors import ActorState, ActorStatus, Supervisor
 from rt.config import EngineOptions
-from rt.frontend.drain import stop_on_signal
 from rt.frontend.plumbing import Controls, Latest, Out, frames
 from rt.frontend.requests import build_request, finished_output
 from rt.frontend.stream import Stream, refusal_error
 from rt.frontend.table import OutputGap, Record, RequestTable, Update
 from rt.frontend.tokenizer_queues import TokenizerQueues
-from rt.frontend.wiring import SCHEDULER, can_serve, supervisor_spec
-from rt.groups import lone, made_of, only, raise_as_is
+from rt.frontend.wiring import SCHEDULER, can_serve
 from rt.messages import (
     Abort,
     CloseStream,
@@ -136,6 +132,20 @@ class Engine:
         only reference; else by ``async with engine.stream(...) as stream:``, ``await
         stream.aclose()``, or when it is collected (a drain waits for it until then)."""
         return Stream(self, *self._build(prompt, options))
+
+    def abort(self, rid: str) -> bool:
+        """Abort the request in flight under the caller's ``rid`` (``stream.rid``, or
+        the ``rid`` option given): its KV is freed, and its reader, ``generate`` or
+        ``stream``, raises RequestAborted (with what came before read as usual).
+        Returns False, doing nothing, when no unfinished request has that rid.
+        (Cancelling the reader's task aborts the request too; this is for another.)"""
+        self._check_run()
+        record = self.table.records.get(self.table.by_user_rid.get(rid, ""))
+        if record is None or record.finished:
+            return False
+        self._fail(Refused(record.rid, "RequestAborted", f"rid {rid!r}: aborted by abort()"))
+        self._queue(self._to_sched, Abort(record.rid))  # (a tombstone, if it is not there yet)
+        return True
 
     def actors(self) -> tuple[ActorStatus, ...]:
         """Every child: name, pid, state, restart count, last exit reason, heartbeat age."""
@@ -526,63 +536,3 @@ class Engine:
             end.tx.close()
         for rx in (*self._from_tok, self._from_detok):
             rx.close()
-
-
-@asynccontextmanager
-async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIterator[Engine]:
-    """Start the engine (tokenizer, scheduler and detokenizer processes, supervised)
-    for the body of the ``async with``. ``model_path=None`` serves the shipped default
-    model; ``options`` are those of :class:`rt.config.EngineOptions`.
-
-    In the main thread, SIGTERM, SIGINT and SIGHUP stop the engine gracefully: new
-    requests are refused (EngineShutdownError), those in flight get up to
-    ``drain_timeout`` seconds to finish (a second signal: none), those left then
-    fail with EngineShutdownError (escaping the body, it ends it as the stop would),
-    then the body is cancelled and the ``async with`` exits normally, with every process
-    stopped and every segment unlinked; ``engine.stopped_by`` names the signal.
-
-    A start that fails raises its own error, never a group: ConfigError for options
-    no engine could take (before any process starts), EscalationError for an actor
-    that cannot start, KeyboardInterrupt for a Ctrl-C that came first."""
-    opts = EngineOptions.build(model_path=model_path, **options)
-    opts.check_device()  # CUDA asked for on a host without it: before any process starts
-    defaults = opts.model_sampling_defaults()  # refused before any process starts too
-    if defaults:
-        log.info("sampling parameters a request leaves out: the model's %s", defaults)
-    spec, plan = supervisor_spec(opts), opts.fault_plan
-    plan = FaultPlan.load(plan) if isinstance(plan, str) else plan
-    raised: list[BaseException] = []  # by the body of the ``async with``
-    try:
-        async with open_supervisor(spec, fault_plan=plan) as supervisor:
-            engine = Engine(opts, supervisor)
-            try:
-                async with trio.open_nursery() as nursery:
-                    for rx in engine._from_tok:
-                        nursery.start_soon(engine.route_tokenized, rx)
-                    nursery.start_soon(engine.route_deltas)
-                    nursery.start_soon(engine.controls.run)
-                    nursery.start_soon(engine.watch_scheduler)
-                    nursery.start_soon(engine.watch_stalls)
-                    if threading.current_thread() is threading.main_thread():
-                        nursery.start_soon(stop_on_signal, engine, nursery.cancel_scope)
-                    try:
-                        yield engine
-                    except BaseException as err:
-                        if engine.stopped_by and made_of(
-                            err, errors.EngineShutdownError, trio.Cancelled
-                        ):
-                            return  # what the drain cut off: the stop, as asked
-                        raised.append(err)
-                        raise
-                    finally:
-                        nursery.cancel_scope.cancel()
-            finally:
-                engine.close()  # after the routing tasks are gone: they use the rings
-    except BaseExceptionGroup as group:
-        # what the body raised, as itself (rt/groups.py); beside an escalation, a group
-        if raised and only(group, raised[0]):
-            raise_as_is(raised[0])
-        single = lone(group)  # an escalation or a Ctrl-C alone, as itself too
-        if single is not None:
-            raise_as_is(single)
-        raise

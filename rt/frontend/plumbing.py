@@ -47,11 +47,12 @@ class Latest(Generic[T]):
         self.poke()
 
     async def wait(self, until: Callable[[T], bool]) -> T:
-        while self.value is None or not until(self.value):
-            if self.closed:
+        while True:
+            if self.closed:  # (the last value is stale: the actor that sent it is gone)
                 raise errors.EngineShutdownError("the engine shut down; no report will come")
+            if self.value is not None and until(self.value):
+                return self.value
             await self._changed.wait()
-        return self.value
 
     def close(self) -> None:
         """No more values: a waiter (now or later) gets EngineShutdownError."""

@@ -208,3 +208,47 @@ async def test_controls_after_the_engine_closed_raise(tiny_model) -> None:
         for control in (engine.flush_cache, engine.pause_generation, engine.continue_generation):
             with pytest.raises(rt.errors.EngineShutdownError):
                 await control()
+        for stats in (engine.scheduler_stats, engine.detokenizer_stats):  # stale: not given
+            with pytest.raises(rt.errors.EngineShutdownError):
+                await stats()
+
+
+async def test_abort_by_rid_ends_that_request_alone(tiny_model) -> None:
+    """``engine.abort(rid)``: another task's request ends with RequestAborted, after
+    what it had read; its KV is freed and its rid free; the others go on."""
+    async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
+        aborted: list[BaseException] = []
+
+        async def victim(rid: str, chunks: list[rt.Chunk]) -> None:
+            try:
+                if rid == "by-generate":
+                    await engine.generate("hello", rid=rid, **LONG)
+                async for chunk in engine.stream("hello", rid=rid, **LONG):
+                    chunks.append(chunk)
+            except rt.errors.RequestAborted as err:
+                aborted.append(err)
+
+        with trio.fail_after(60):
+            other = engine.stream("bystander", max_new_tokens=24, ignore_eos=True)
+            async with trio.open_nursery() as nursery:
+                read: list[rt.Chunk] = []
+                nursery.start_soon(victim, "by-stream", read)
+                while not read:
+                    await trio.sleep(0.01)
+                assert engine.abort("by-stream")
+                nursery.start_soon(victim, "by-generate", [])
+                while "by-generate" not in engine.table.by_user_rid:
+                    await trio.sleep(0)
+                assert engine.abort("by-generate")  # (before its prompt is tokenized, even)
+                assert not engine.abort("by-generate")  # once
+                out = [c async for c in other]
+        assert [str(e) for e in aborted] == [
+            "rid 'by-stream': aborted by abort()",
+            "rid 'by-generate': aborted by abort()",
+        ]
+        assert 0 < sum(len(c.output_ids) for c in read) < 400
+        assert sum(len(c.output_ids) for c in out) == 24
+        assert not engine.abort("never-was")
+        assert not engine.abort(out[-1].rid)  # finished
+        await reusable(engine, "by-stream")
+        await reusable(engine, "by-generate")
