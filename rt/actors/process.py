@@ -18,6 +18,7 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -67,6 +68,13 @@ class ChildProcess:
         if self.returncode is None:  # not reaped, so the pidfd is open and the pid ours
             with contextlib.suppress(ProcessLookupError):  # exited, not yet reaped
                 signal.pidfd_send_signal(self._pidfd, sig)
+
+    def has_exited(self) -> bool:
+        """Whether the child has exited, its exit seen by a waiter or not yet (the
+        pidfd is readable from the moment it dies: no wait for a task to run)."""
+        if self.returncode is not None:
+            return True
+        return bool(select.select([self._pidfd], [], [], 0)[0])
 
     async def wait(self) -> int:
         """Wait for the exit and reap. Safe from several tasks; a cancelled waiter

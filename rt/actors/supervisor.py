@@ -174,11 +174,12 @@ class Supervisor:
         )
 
     def _state(self, child: _Child) -> ActorState:
-        """``child.state``, but EXITING once a running child said it is going down
-        (its exit, seen later, is what the supervisor acts on)."""
+        """``child.state``, but EXITING once a running child said it is going down,
+        or has died (its exit, seen later, is what the supervisor acts on)."""
         hb = self._heartbeats
         running = child.state is ActorState.RUNNING and child.live  # (else being stopped)
-        if running and child.proc is not None and hb is not None and hb.going_down(child.index):
+        saying = hb is not None and hb.going_down(child.index)
+        if running and child.proc is not None and (saying or child.proc.has_exited()):
             return ActorState.EXITING
         return child.state
 

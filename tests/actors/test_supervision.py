@@ -336,6 +336,28 @@ async def test_detection_is_immediate() -> None:
         assert status.actor("a").last_exit_at - killed_at < 2.0  # type: ignore[operator]
 
 
+def state_of(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+async def test_a_dead_child_is_not_running_before_its_exit_is_handled() -> None:
+    """Between a child's death and the supervisor's task running to handle it (a
+    checkpoint away: ~30 ms on a loaded server), the status said RUNNING, and
+    rt-serve's /health said 200 with the scheduler dead."""
+    async with open_supervisor(quick_spec(ActorSpec("a", Idle))) as sup:
+        pid = sup.status().actor("a").pid
+        assert pid is not None and sup.status().actor("a").state is ActorState.RUNNING
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + TIMEOUT  # no checkpoint: no supervisor task runs
+        while state_of(pid) != "Z":  # a zombie: dead, its exit not yet handled
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert sup.status().actor("a").state is ActorState.EXITING
+        assert not sup.status().healthy
+        await wait_until(sup, is_running("a", 2))
+
+
 async def test_a_crash_inside_a_nursery_is_named_by_its_innermost_exception() -> None:
     spec = quick_spec(ActorSpec("nested", RaisesInANursery, restart=Restart.TEMPORARY))
     async with open_supervisor(spec) as sup:
