@@ -65,6 +65,7 @@ class GenerateRequest(Message, frozen=True):
     # max_new_tokens is the room the prompt leaves in the context (the caller gave
     # None: OpenAI's chat default); the tokenizer sets it once it knows the prompt
     to_context: bool = False
+    template_kwargs: dict[str, Any] | None = None  # the chat template's variables
 
 
 class Scheduled(Message, frozen=True):

@@ -31,6 +31,8 @@ Refused (where SGLang's and vLLM's servers answer 400):
   ``content=None`` are not supported yet), or
   whose other fields are not JSON values (string keys, finite numbers, at most
   ``MAX_JSON_DEPTH`` levels);
+* ``chat_template_kwargs`` without a chat prompt, not an object of JSON values,
+  or setting what the tokenizer sets (``tokenize``, ``tools``, …);
 * stop strings that are empty, more than ``MAX_STOP_STRINGS``, or longer than
   ``MAX_STOP_CHARS`` (matching holds text back, and a long stop string costs
   the detokenizer the square of its length where a match breaks);
@@ -51,7 +53,6 @@ Repaired, where what the caller meant is not in doubt:
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import secrets
 import uuid
@@ -62,6 +63,12 @@ import msgspec
 
 from rt.detok.incremental import DetokParams
 from rt.errors import ContextOverflowError, InvalidRequestError
+from rt.frontend.chat import (
+    chat_messages,
+    check_unicode,
+    described,
+    template_kwargs,
+)
 from rt.frontend.table import Record
 from rt.gpu.sampling_params import INT64_MAX, INT64_MIN, SEED_MASK, SamplingParams, show
 from rt.messages import ChatMessage, GenerateRequest
@@ -73,6 +80,7 @@ FLOAT_FIELDS = {f.name for f in dataclasses.fields(SamplingParams) if f.type in 
 OTHER_FIELDS = {
     "input_ids",
     "messages",
+    "chat_template_kwargs",
     "stop",
     "no_stop_trim",
     "skip_special_tokens",
@@ -85,11 +93,6 @@ OTHER_FIELDS = {
 MAX_CONTEXT = 1 << 31  # max_new_tokens=None's bound where the context length is not known
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
-MAX_JSON_DEPTH = 32  # nesting inside a chat message (tool calls and the like)
-# values (strings, numbers, lists, objects...) in a request's messages: 15 MB of ``{}`` in a
-# field the template never reads were 5M objects, 4 GB of the front's memory and seconds of
-# the tokenizer's time each
-MAX_JSON_VALUES = 100_000
 PROMPT_KINDS = {
     "prompt": "text, a list of token ids or a list of chat messages",
     "input_ids": "a list of token ids",
@@ -168,6 +171,7 @@ def build_request(
             f"or none, got {priority} (schedule_policy='priority', or rt-serve's "
             "--schedule-policy priority, uses them)"
         )
+    template = template_kwargs(options.get("chat_template_kwargs"), messages is not None)
     if overflow is not None:
         raise overflow
     return _as_received(
@@ -183,6 +187,7 @@ def build_request(
             truncated=cut,
             keep_last=keep_last,
             to_context=to_context,
+            template_kwargs=template,
         )
     )
 
@@ -233,7 +238,7 @@ def _prompt(
     if not value:
         raise InvalidRequestError(f"{name}: expected {PROMPT_KINDS[name]}, got an empty list")
     if name == "messages" or (name == "prompt" and isinstance(value[0], Mapping)):
-        return None, None, _messages(name, value), 0
+        return None, None, chat_messages(name, value), 0
     cut = max(len(value) - keep_last, 0) if keep_last else 0
     value = value[cut:]
     if context_length is not None and len(value) > context_length:
@@ -255,125 +260,6 @@ def _token_ids(name: str, ids: Sequence[Any], vocab_size: int, start: int) -> tu
                 f"{name}[{i}]: expected a token id in [0, {vocab_size}), got {show(tok)}"
             )
     return tuple(ids)
-
-
-def _messages(name: str, messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
-    out = []
-    budget = [MAX_JSON_VALUES]
-    for i, msg in enumerate(messages):
-        where = f"{name}[{i}]"
-        if not isinstance(msg, Mapping):
-            raise InvalidRequestError(
-                f"{where}: expected a chat message (an object with 'role' and 'content'), "
-                f"got {described(msg)}"
-            )
-        if _calls_tools(msg) and msg.get("content") is None:  # OpenAI lets it have no text
-            msg = {**msg, "content": ""}
-        for key in ("role", "content"):
-            if key not in msg:
-                raise InvalidRequestError(
-                    f"{where}: expected a '{key}' field, got the fields "
-                    f"{', '.join(sorted(map(show, msg))) or 'none'}"
-                )
-        if not isinstance(msg["role"], str):
-            raise InvalidRequestError(
-                f"{where}.role: expected a string, got {described(msg['role'])}"
-            )
-        _json(where, msg, 0, budget)
-        out.append({**msg, "content": _content(f"{where}.content", msg["content"])})
-    return tuple(out)
-
-
-def _calls_tools(msg: Mapping[str, Any]) -> bool:
-    """An assistant's message that calls tools, whose content may be null or left out."""
-    return msg.get("role") == "assistant" and bool(
-        msg.get("tool_calls") or msg.get("function_call")
-    )
-
-
-def _content(where: str, content: Any) -> str:
-    """A message's text: a string, or OpenAI's content parts when every one is
-    text (``{"type": "text", "text": ...}``), joined by newlines as vLLM does."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list) or not content:
-        raise InvalidRequestError(
-            f"{where}: expected a string or a list of text parts, got {described(content)}"
-        )
-    texts = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
-            got = f"a part of type {show(kind)}" if kind is not None else described(part)
-            raise InvalidRequestError(
-                f"{where}[{i}]: expected a text part ({{'type': 'text', 'text': <string>}}), "
-                f"got {got} (rt serves text models only)"
-            )
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _json(where: str, value: Any, depth: int, budget: list[int]) -> None:
-    """A value MessagePack carries as JSON would (string keys; finite numbers;
-    integers in 64 bits; valid Unicode), at most MAX_JSON_DEPTH levels deep;
-    ``budget`` counts down the values it may still hold (MAX_JSON_VALUES)."""
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise InvalidRequestError(
-            f"{where}: expected at most {MAX_JSON_VALUES} values (strings, numbers, lists, "
-            "objects) in the messages, got more"
-        )
-    if value is None or isinstance(value, bool):
-        return
-    if isinstance(value, str):
-        check_unicode(where, value)
-    elif isinstance(value, int):
-        if not INT64_MIN <= value <= INT64_MAX:
-            raise InvalidRequestError(f"{where}: expected a 64-bit integer, got {show(value)}")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidRequestError(f"{where}: expected a finite number, got {value!r}")
-    elif depth >= MAX_JSON_DEPTH:
-        raise InvalidRequestError(
-            f"{where}: expected at most {MAX_JSON_DEPTH} levels of nested lists and objects"
-        )
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidRequestError(f"{where}: expected string keys, got {show(key)}")
-            check_unicode(f"{where}: a key", key)
-            inner = f"{where}.{key}" if key.isidentifier() else f"{where}[{key!r}]"
-            _json(inner, item, depth + 1, budget)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _json(f"{where}[{i}]", item, depth + 1, budget)
-    else:
-        raise InvalidRequestError(
-            f"{where}: expected a JSON value (a string, number, bool, null, list or object), "
-            f"got {described(value)}"
-        )
-
-
-def described(value: Any) -> str:
-    """What arrived, for an error message: the type too, where the value does not show it."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return show(value)
-    return f"{type(value).__name__} {show(value)}"
-
-
-def check_unicode(where: str, text: str) -> None:
-    """Refuse a lone surrogate: a JSON string can carry one (``"\\ud800"``), but
-    it is not Unicode text, and the tokenizer cannot encode it."""
-    if text.isascii():
-        return
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise InvalidRequestError(
-            f"{where}: the text is not valid Unicode: a lone surrogate {text[err.start]!r} "
-            f"at position {err.start}; expected UTF-8 text (a \\ud800-\\udfff escape must be "
-            "half of a surrogate pair)"
-        ) from err
 
 
 # ---- sampling, stop strings, flags ---------------------------------------------------

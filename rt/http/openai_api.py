@@ -346,6 +346,20 @@ async def _stream_completions(
 # ---- /v1/chat/completions --------------------------------------------------------------
 
 
+def template_variables(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The chat template's variables, as vLLM gives them: ``add_generation_prompt``,
+    ``continue_final_message`` and ``reasoning_effort`` from the body's fields,
+    then ``chat_template_kwargs``, which wins (the engine checks them all)."""
+    given = {
+        name: getattr(req, name)
+        for name in ("add_generation_prompt", "continue_final_message", "reasoning_effort")
+        if getattr(req, name) is not None
+    }
+    if req.chat_template_kwargs is None and not given:
+        return None
+    return {**given, **(req.chat_template_kwargs or {})}
+
+
 async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     req = parse(ChatCompletionRequest, body)
     for name in ("tools", "tool_choice", "functions", "function_call"):
@@ -371,6 +385,9 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     options = engine_options(front, req, max_tokens)
     options.setdefault("max_new_tokens", None)  # as OpenAI: the room the prompt leaves
     options["messages"] = [_message(m) for m in req.messages]
+    variables = template_variables(req)
+    if variables is not None:
+        options["chat_template_kwargs"] = variables
     if req.logprobs:
         options["logprobs"] = True
         options["top_logprobs"] = req.top_logprobs or 0

@@ -165,6 +165,20 @@ class ChatCompletionRequest(OpenAISampling):
     response_format: Any = None
     parallel_tool_calls: bool | None = None
     modalities: list[str] | None = Field(default=None, description='only ["text"]')
+    # The chat template's variables (vLLM's and SGLang's extensions; a template
+    # that does not read one is unchanged by it)
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description='e.g. {"enable_thinking": false}; wins over the three below'
+    )
+    reasoning_effort: str | None = Field(
+        default=None, description="the template's reasoning_effort variable"
+    )
+    add_generation_prompt: bool | None = Field(
+        default=None, description="open the assistant's turn (default: true)"
+    )
+    continue_final_message: bool | None = Field(
+        default=None, description="go on with the last message instead (default: false)"
+    )
 
 
 class AbortRequest(BaseModel):

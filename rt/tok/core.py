@@ -93,7 +93,7 @@ class TokenizerCore:
                 raise InvalidRequestError(f"text: expected a string, got {type(req.text).__name__}")
             return req.text
         if req.messages is not None:
-            return self._render_chat(req.messages)
+            return self._render_chat(req.messages, req.template_kwargs or {})
         return None
 
     def _bounded(self, req: GenerateRequest, text: str | None) -> str | None:
@@ -114,7 +114,9 @@ class TokenizerCore:
         # keep the end, as the ids' truncation does (it then cuts to the budget)
         return data[-limit:].decode("utf-8", "ignore")  # (a character cut in two is dropped)
 
-    def _render_chat(self, messages: Sequence[Any]) -> str:
+    def _render_chat(self, messages: Sequence[Any], variables: dict[str, Any]) -> str:
+        """The messages through the chat template, with the request's variables
+        (``chat_template_kwargs``, checked by the frontend)."""
         if not messages:
             raise InvalidRequestError("messages: expected at least one message, got none")
         for k, msg in enumerate(messages):
@@ -131,10 +133,10 @@ class TokenizerCore:
             messages = [
                 {**m, "role": "system"} if m["role"] == "developer" else m for m in messages
             ]
+        opening = not variables.get("continue_final_message", False)
+        variables = {"add_generation_prompt": opening, **variables}
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **variables)
         except Exception as err:  # a template error is the caller's input, not a crash
             raise InvalidRequestError(f"messages: the chat template failed: {err}") from err
         return str(text)

@@ -48,7 +48,8 @@ from hypothesis import strategies as st
 import rt
 from rt.config import EngineOptions
 from rt.errors import ContextOverflowError, InvalidRequestError
-from rt.frontend.requests import MAX_JSON_DEPTH, OTHER_FIELDS, SAMPLING_FIELDS
+from rt.frontend.chat import MAX_JSON_DEPTH
+from rt.frontend.requests import OTHER_FIELDS, SAMPLING_FIELDS
 from rt.gpu.sampling_params import FLOAT32_MAX, SEED_MASK
 
 pytestmark = pytest.mark.slow
@@ -312,6 +313,23 @@ def other_args() -> dict[str, Arg]:
             NOT_INT,
             ok_edges=[I64_MIN, I64_MAX, 0],
             bad_edges=[I64_MAX + 1, I64_MIN - 1, 1.5, "1", None, True],
+        ),
+        "chat_template_kwargs": arg(  # (set, it is checked against the prompt's kind too)
+            st.none(),
+            st.one_of(
+                NOT_NUMBER.filter(lambda v: v is not None and not isinstance(v, dict)),
+                st.sampled_from(["tokenize", "tools", "chat_template", "messages"]).map(
+                    lambda k: {k: True}
+                ),
+                st.sampled_from(["add_generation_prompt", "continue_final_message"]).map(
+                    lambda k: {k: "yes"}
+                ),
+            ),
+            ok_edges=[None],
+            bad_edges=[
+                [], "x", 1, {"x": float("nan")}, {"x": "\ud800"}, {1: True},
+                {"add_generation_prompt": True, "continue_final_message": True},
+            ],
         ),
         "rid": arg(  # made unique at submission: rids in flight at once stay distinct
             st.none() | st.just("") | st.text(max_size=12),

@@ -13,10 +13,9 @@ import pytest
 
 from rt.config import EngineOptions
 from rt.errors import InvalidRequestError
+from rt.frontend.chat import MAX_JSON_DEPTH, MAX_JSON_VALUES
 from rt.frontend.requests import (
     FLOAT_FIELDS,
-    MAX_JSON_DEPTH,
-    MAX_JSON_VALUES,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     build_request,
@@ -359,3 +358,25 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end() -> None:
     assert build_request(None, {"input_ids": [-1, 5], "truncate_prompt_tokens": 1}, VOCAB, 16)
     with pytest.raises(InvalidRequestError, match=r"input_ids\[1\]: expected a token id"):
         build_request(None, {"input_ids": [5, -1], "truncate_prompt_tokens": 1}, VOCAB, 16)
+
+
+def test_chat_template_kwargs_go_with_a_chat_prompt_and_are_checked() -> None:
+    kwargs = {"enable_thinking": False, "reasoning_effort": "low", "continue_final_message": True}
+    req = build_request(CHAT, {"chat_template_kwargs": kwargs}, VOCAB)
+    assert req.template_kwargs == kwargs
+    assert build_request(CHAT, {}, VOCAB).template_kwargs is None
+    refusals = [
+        ("text", {"x": 1}, "chat_template_kwargs: only for a prompt of chat messages"),
+        (CHAT, ["x"], "chat_template_kwargs: expected an object, got"),
+        (CHAT, {"tokenize": True, "tools": []}, "tokenize, tools cannot be set"),
+        (CHAT, {"add_generation_prompt": "yes"}, "add_generation_prompt: expected a bool"),
+        (CHAT, {"x": float("nan")}, r"chat_template_kwargs\.x: expected a finite number"),
+        (
+            CHAT,
+            {"add_generation_prompt": True, "continue_final_message": True},
+            "expected at most one of them true",
+        ),
+    ]
+    for prompt, value, says in refusals:
+        with pytest.raises(InvalidRequestError, match=says):
+            build_request(prompt, {"chat_template_kwargs": value}, VOCAB)

@@ -403,3 +403,29 @@ def test_a_negative_seed_is_a_seed(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="seed: expected a 64-bit integer") as err:
         client.completions.create(**kwargs, seed=-(2**63) - 1)
     assert err.value.param == "seed"
+
+
+def test_the_chat_templates_variables(client: openai.OpenAI) -> None:
+    """vLLM's and SGLang's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``),
+    ``reasoning_effort``, ``add_generation_prompt`` and ``continue_final_message``:
+    the shipped template reads only the last two; the others change nothing and
+    are no 400."""
+    chat = [*MESSAGES, {"role": "assistant", "content": "Let there"}]
+
+    def prompt_tokens(**extra: Any) -> int:
+        out = client.chat.completions.create(
+            model=model_id(client), messages=chat, max_tokens=1, extra_body=extra or None
+        )
+        assert out.usage is not None
+        return out.usage.prompt_tokens
+
+    opened = prompt_tokens()  # …Let there<|end|>\n<|assistant|>\n
+    assert prompt_tokens(reasoning_effort="high", chat_template_kwargs={"x": 1}) == opened
+    closed = prompt_tokens(add_generation_prompt=False)  # …Let there<|end|>\n
+    going_on = prompt_tokens(continue_final_message=True)  # …Let there
+    assert opened > closed > going_on
+    assert prompt_tokens(chat_template_kwargs={"continue_final_message": True}) == going_on
+    with pytest.raises(openai.BadRequestError, match="tokenize cannot be set"):
+        prompt_tokens(chat_template_kwargs={"tokenize": True})
+    with pytest.raises(openai.BadRequestError, match="at most one of them true"):
+        prompt_tokens(add_generation_prompt=True, continue_final_message=True)

@@ -281,3 +281,36 @@ def test_a_developer_message_is_a_system_one_where_the_template_knows_no_develop
         [GenerateRequest("k", messages=dev)]
     )
     assert tokenizer.decode(ids_of(kept)).replace(" ", "") == "D(developer)(user)"
+
+
+def test_the_chat_templates_variables_come_from_the_request(tokenizer) -> None:
+    """``chat_template_kwargs`` (vLLM's and SGLang's: Qwen3's ``enable_thinking``,
+    ``reasoning_effort``, …); ``continue_final_message`` leaves the last message
+    open and asks for no new turn."""
+    tokenizer = type(tokenizer)(tokenizer_object=tokenizer.backend_tokenizer)
+    tokenizer.chat_template = (
+        "{% if reasoning_effort %}effort {{ reasoning_effort }}. {% endif %}"
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
+        "{% if not (loop.last and continue_final_message) %}[end]{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]"
+        "{% if enable_thinking is defined and not enable_thinking %}no thinking{% endif %}"
+        "{% endif %}"
+    )
+    core = TokenizerCore(tokenizer, context_length=256, vocab_size=len(tokenizer))
+    chat = ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"})
+    variables: list[dict[str, Any] | None] = [
+        None,
+        {"enable_thinking": False, "reasoning_effort": "high"},
+        {"continue_final_message": True},
+        {"add_generation_prompt": False},
+    ]
+    results = core.process(
+        [GenerateRequest(str(i), messages=chat, template_kwargs=v) for i, v in enumerate(variables)]
+    )
+    rendered = [tokenizer.decode(ids_of(r)).replace(" ", "") for r in results]
+    assert rendered == [
+        "[user]hi[end][assistant]Once[end][assistant]",
+        "efforthigh.[user]hi[end][assistant]Once[end][assistant]nothinking",
+        "[user]hi[end][assistant]Once",
+        "[user]hi[end][assistant]Once[end]",
+    ]
