@@ -37,6 +37,11 @@ class EngineOptions(BaseModel):
         None, description="a Hugging Face model directory; None: the shipped default model"
     )
     tokenizer_path: str | None = Field(None, description="defaults to model_path")
+    chat_template: str | None = Field(
+        None,
+        description="the chat template: a Jinja file's path, or the template itself; "
+        "None: the tokenizer's own",
+    )
     load_format: Literal["auto", "dummy", "null"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
@@ -189,6 +194,38 @@ class EngineOptions(BaseModel):
                 f"tokenizer_path: the tokenizer has {size} tokens, more than the model's "
                 f"vocab_size ({vocab}): it is not this model's tokenizer"
             )
+
+    def chat_template_text(self) -> str | None:
+        """The chat template asked for, read from its file (text with ``{{`` or
+        ``{%`` is the template itself) and compiled; None: the tokenizer's own. A
+        ConfigError for a file that cannot be read or a template Jinja cannot compile."""
+        given = self.chat_template
+        if given is None:
+            return None
+        text = given
+        if "{{" not in given and "{%" not in given:
+            try:
+                text = Path(given).read_text()
+            except (OSError, UnicodeDecodeError) as err:
+                raise ConfigError(
+                    f"chat_template: expected a Jinja template or a file holding one; "
+                    f"{given!r} cannot be read ({err})"
+                ) from None
+        import jinja2
+        from transformers.utils import chat_template_utils
+
+        # (transformers' own compiler knows its {% generation %} tag; plain Jinja else)
+        compile_ = getattr(chat_template_utils, "_compile_jinja_template", None)
+        try:
+            if compile_ is not None:
+                compile_(text)
+            else:
+                jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+        except jinja2.TemplateSyntaxError as err:
+            raise ConfigError(
+                f"chat_template: Jinja cannot compile it: {err} (line {err.lineno})"
+            ) from None
+        return text
 
     def check_device(self) -> None:
         """That this host has the device asked for (imports torch)."""

@@ -61,6 +61,13 @@ ENGINE_FLAGS = (
         "the tokenizer's directory (default: --model-path)",
     ),
     Flag(
+        "--chat-template",
+        "chat_template",
+        str,
+        "a chat template for /v1/chat/completions: a Jinja file, or the template itself "
+        "(default: the tokenizer's own)",
+    ),
+    Flag(
         "--load-format",
         "load_format",
         str,
@@ -385,6 +392,7 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         checked.check_device()  # CUDA asked for on a host without it
         checked.engine_config()  # options the engine core refuses (torch.compile on CUDA)
         checked.check_tokenizer()  # another model's
+        checked.chat_template_text()  # a file that is not there, a template that cannot compile
         if isinstance(checked.fault_plan, str):
             FaultPlan.load(checked.fault_plan)  # a plan that cannot be read or parsed
         settings = http_settings(args)

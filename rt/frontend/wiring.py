@@ -50,6 +50,7 @@ def supervisor_spec(options: EngineOptions) -> SupervisorSpec:
     workers = options.tokenizer_workers
     context_length, vocab_size = options.model_limits()
     tokenizer_path = options.resolved_tokenizer_path()
+    chat_template = options.chat_template_text()  # read here: a bad one stops the start
     cap = options.ring_capacity
     sched_cpus = other_cpus = None
     if options.scheduler_cpus is not None:
@@ -76,6 +77,7 @@ def supervisor_spec(options: EngineOptions) -> SupervisorSpec:
                     options.tokenizer_batch_size,
                     options.tokenizer_batch_wait_ms / 1000,
                     options.max_crashes_per_request,
+                    chat_template,
                 ),
                 inboxes=(f"front-tok{i}",),
                 outboxes=(f"tok{i}-sched", f"tok{i}-front"),

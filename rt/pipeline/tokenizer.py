@@ -64,6 +64,7 @@ class TokenizerActor(Actor):
         max_batch: int = 64,
         batch_wait_s: float = 0.002,
         max_crashes: int = 3,
+        chat_template: str | None = None,
     ) -> None:
         self.inbox = f"front-tok{index}"
         self.to_scheduler = f"tok{index}-sched"
@@ -74,9 +75,12 @@ class TokenizerActor(Actor):
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.max_crashes = max_crashes
+        self.chat_template = chat_template  # the text; None: the tokenizer's own
 
     async def startup(self, ctx: ActorContext) -> None:
         tokenizer = load_tokenizer(self.tokenizer_path)
+        if self.chat_template is not None:
+            tokenizer.chat_template = self.chat_template
         self.core = TokenizerCore(tokenizer, self.context_length, self.vocab_size)
 
     async def run(self, ctx: ActorContext) -> None:

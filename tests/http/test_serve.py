@@ -160,6 +160,8 @@ def test_device_and_dtype_auto_pick_the_gpu_where_torch_sees_one(
         ["--device", "tpu"],
         ["--tokenizer-path", "/nonexistent"],
         ["--attention-backend", "flashinfer", "--device", "cpu"],  # CUDA only
+        ["--chat-template", "/nonexistent.jinja"],
+        ["--chat-template", "{% for m in messages %}{{ m['content'] }}"],  # no endfor
     ],
 )
 def test_a_bad_flag_exits_2_with_a_message(
@@ -562,3 +564,19 @@ async def test_an_engine_that_gives_up_tells_the_streams_it_cuts(tmp_path: Path)
     assert code == 3, server.log[-5:]
     assert events[-1] == "[DONE]", (events[-2:], server.log[-30:])
     assert "gave up" in events[-2]["error"]["message"], events[-2]
+
+
+@pytest.mark.slow
+def test_rt_serve_chat_template_reaches_chat_completions(tmp_path: Path) -> None:
+    path = tmp_path / "chat.jinja"
+    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}[you]")
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 1}
+    with running_server("--load-format=null", f"--chat-template={path}") as server:
+        out = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert out.status_code == 200, out.text
+        mine = out.json()["usage"]["prompt_tokens"]
+        info = httpx.get(f"{server.url}/server_info", timeout=60).json()
+        assert info["config"]["chat_template"] == str(path)
+    with running_server("--load-format=null") as server:
+        out = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert out.json()["usage"]["prompt_tokens"] != mine
