@@ -62,6 +62,8 @@ class ChildProcess:
         self._popen = popen
         self._ctl = ctl
         self._pidfd = os.pidfd_open(popen.pid)
+        self._exit = select.poll()  # (not select.select: it cannot take an fd past 1023)
+        self._exit.register(self._pidfd, select.POLLIN)
         self._lock = trio.Lock()
 
     def send_signal(self, sig: int) -> None:
@@ -74,7 +76,7 @@ class ChildProcess:
         pidfd is readable from the moment it dies: no wait for a task to run)."""
         if self.returncode is not None:
             return True
-        return bool(select.select([self._pidfd], [], [], 0)[0])
+        return bool(self._exit.poll(0))
 
     async def wait(self) -> int:
         """Wait for the exit and reap. Safe from several tasks; a cancelled waiter
@@ -145,6 +147,7 @@ class ChildProcess:
         trio.lowlevel.notify_closing(self._ctl)  # wakes wait_report
         self._ctl.close()
         trio.lowlevel.notify_closing(self._pidfd)
+        self._exit.unregister(self._pidfd)
         os.close(self._pidfd)
 
 

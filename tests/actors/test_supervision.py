@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import time
 
@@ -356,6 +357,28 @@ async def test_a_dead_child_is_not_running_before_its_exit_is_handled() -> None:
         assert sup.status().actor("a").state is ActorState.EXITING
         assert not sup.status().healthy
         await wait_until(sup, is_running("a", 2))
+
+
+async def test_status_works_with_the_childrens_pidfds_past_1023() -> None:
+    """A process holding more than 1024 fds (an app's sockets; rt-serve's
+    connections when a child restarts): the status read each pidfd with
+    select(), which raises for an fd past 1023, and every request failed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        async with open_supervisor(quick_spec(ActorSpec("a", Idle))) as sup:
+            assert sup.status().actor("a").state is ActorState.RUNNING
+            pid = sup.status().actor("a").pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            await wait_until(sup, is_running("a", 2))
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 async def test_a_crash_inside_a_nursery_is_named_by_its_innermost_exception() -> None:
