@@ -107,6 +107,9 @@ class Engine:
         self._tok_queues = TokenizerQueues(workers)  # who waits for ids behind whom
         self.stopped_by: str | None = None  # the signal that stopped the engine, if one did
         self._token = trio.lowlevel.current_trio_token()  # the trio run it lives in
+        # the caller's rids of requests waiting to be sent (an actor restarting, or
+        # suspects of a crash being told apart), each wait's scope: abort() cancels it
+        self._arriving: dict[str, list[trio.CancelScope]] = {}
 
     # ---- the public API -------------------------------------------------------
 
@@ -137,9 +140,16 @@ class Engine:
         """Abort the request in flight under the caller's ``rid`` (``stream.rid``, or
         the ``rid`` option given): its KV is freed, and its reader, ``generate`` or
         ``stream``, raises RequestAborted (with what came before read as usual).
-        Returns False, doing nothing, when no unfinished request has that rid.
-        (Cancelling the reader's task aborts the request too; this is for another.)"""
+        Returns False, doing nothing, when no unfinished request has that rid (a
+        stream not yet read has sent nothing). A request still waiting to be sent
+        (for an actor that restarts) is not sent. (Cancelling the reader's task
+        aborts the request too; this is for another.)"""
         self._check_run()
+        waiting = [s for s in self._arriving.get(rid, ()) if not s.cancel_called]
+        for scope in waiting:
+            scope.cancel()
+        if waiting:
+            return True
         record = self.table.records.get(self.table.by_user_rid.get(rid, ""))
         if record is None or record.finished:
             return False
@@ -240,9 +250,19 @@ class Engine:
     ) -> trio.MemoryReceiveChannel[Update | Refused]:
         if self._closing or self.refusing:
             raise errors.EngineShutdownError("the engine is shutting down; no new requests")
-        await self._wait_healthy()
-        while self.table.isolating:  # suspects of a crash are being told apart
-            await self._quarantine_changed.wait()
+        waiting = trio.CancelScope()  # abort() cancels it: the request is not sent
+        self._arriving.setdefault(user_rid, []).append(waiting)
+        try:
+            with waiting:
+                await self._wait_healthy()
+                while self.table.isolating:  # suspects of a crash are being told apart
+                    await self._quarantine_changed.wait()
+        finally:
+            self._arriving[user_rid].remove(waiting)
+            if not self._arriving[user_rid]:
+                del self._arriving[user_rid]
+        if waiting.cancel_called:
+            raise errors.RequestAborted(f"rid {user_rid!r}: aborted by abort()")
         self.table.add(req, user_rid, self._epoch)
         send, receive = trio.open_memory_channel[Update | Refused](math.inf)
         self._waiters[req.rid] = send

@@ -3,12 +3,16 @@ the body of ``open_engine`` raises."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from typing import Any
 
 import pytest
 import trio
 
 import rt
+import rt.actors
 from rt.errors import InvalidRequestError
 
 OPTIONS: dict[str, Any] = dict(max_total_tokens=8192)
@@ -252,3 +256,35 @@ async def test_abort_by_rid_ends_that_request_alone(tiny_model) -> None:
         assert not engine.abort(out[-1].rid)  # finished
         await reusable(engine, "by-stream")
         await reusable(engine, "by-generate")
+
+
+async def test_abort_reaches_a_request_waiting_for_an_actor_to_come_back(tmp_path) -> None:
+    """A request waiting to be sent (its tokenizer restarting) is not in the table
+    yet: abort() returned False, and it was sent once the actor was back."""
+    plan = tmp_path / "plan.json"  # the second tokenizer hangs in its start-up
+    rule = {"actor": "tokenizer0", "point": "startup", "action": "hang", "incarnation": 2}
+    plan.write_text(json.dumps({"seed": 1, "faults": [rule]}))
+    null = dict(device="cpu", load_format="null", torch_threads=1, restart_wait_timeout=120.0)
+    async with rt.open_engine(fault_plan=str(plan), **null) as engine:
+        pid = next(a.pid for a in engine.actors() if a.name == "tokenizer0")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await engine.supervisor.wait_for(
+            lambda s: s.actor("tokenizer0").state is not rt.actors.ActorState.RUNNING
+        )
+        raised: list[BaseException] = []
+
+        async def waiter() -> None:
+            try:
+                await engine.generate("hi", rid="waiting", max_new_tokens=2)
+            except rt.errors.RequestAborted as err:
+                raised.append(err)
+
+        with trio.fail_after(30):  # (not the 120 s of restart_wait_timeout)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.sleep(0.5)  # built and waiting for the tokenizer (ms)
+                assert not raised and not engine.table.records
+                assert engine.abort("waiting")
+        assert [str(e) for e in raised] == ["rid 'waiting': aborted by abort()"]
+        assert not engine.abort("waiting") and not engine.table.records
