@@ -234,7 +234,10 @@ def _encode(frame: Frame) -> str:
     return msgspec.json.encode(frame).decode()
 
 
-def _check(value: Any, path: str) -> None:
+MAX_DEPTH = 64  # nested lists and objects in a body (the server takes 32 in a message)
+
+
+def _check(value: Any, path: str, depth: int = 0) -> None:
     """Refuse what JSON cannot carry as the caller gave it: msgspec would send
     bytes as base64 text and NaN as null, so that the server ran another
     request than the one asked for, and would fail on other types after the
@@ -257,17 +260,23 @@ def _check(value: Any, path: str) -> None:
                 f"{where}: expected a finite number, got {value!r} (JSON has no NaN or infinity)"
             )
         return
+    if isinstance(value, list | tuple | dict) and depth >= MAX_DEPTH:
+        raise errors.InvalidRequestError(
+            f"{where}: expected at most {MAX_DEPTH} levels of nested lists and objects"
+        )
     if isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            _check(item, f"{path}[{i}]")
+            _check(item, f"{path}[{i}]", depth + 1)
         return
     if isinstance(value, dict):
+        if len({str(key) for key in value}) < len(value):  # 1 and "1": one JSON key, twice
+            raise errors.InvalidRequestError(f"{where}: expected keys distinct as text")
         for key, item in value.items():
             if isinstance(key, bool) or not isinstance(key, str | int):  # (an int as its text)
                 raise errors.InvalidRequestError(
                     f"{where}: expected str (or int) keys, got {key!r}"
                 )
-            _check(item, f"{path}.{key}" if path else str(key))
+            _check(item, f"{path}.{key}" if path else str(key), depth + 1)
         return
     hint = "; decode it to a str first" if isinstance(value, bytes | bytearray) else ""
     raise errors.InvalidRequestError(

@@ -295,6 +295,13 @@ async def test_a_server_that_never_answers_the_handshake_times_out(nursery: trio
             pass
 
 
+def _deep(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [
@@ -306,6 +313,8 @@ async def test_a_server_that_never_answers_the_handshake_times_out(nursery: trio
         ({"sampling_params": {"stop": ["a", float("inf")]}}, r"sampling_params\.stop\[1\]: .*inf"),
         ({"text": "a\ud800b"}, r"text: expected a string of valid Unicode, .*lone surrogate"),
         ({"sampling_params": {"seed": object()}}, r"sampling_params\.seed: .*got object"),
+        ({"logit_bias": {5: 1.0, "5": 2.0}}, r"logit_bias: expected keys distinct as text"),
+        ({"sampling_params": {"x": _deep(100)}}, r"at most 64 levels"),
         ({"logit_bias": {(5,): 1.0}}, r"logit_bias: expected str \(or int\) keys, got \(5,\)"),
     ],
 )
