@@ -343,8 +343,8 @@ class Engine:
             elif isinstance(msg, Refused):
                 self._fail(msg)
 
-    async def _to_tokenizer(self, req: GenerateRequest) -> None:
-        worker = self._tok_queues.choose(self._sup.status)  # (a live one, in turn)
+    async def _to_tokenizer(self, req: GenerateRequest, avoid: set[int] | None = None) -> None:
+        worker = self._tok_queues.choose(self._sup.status, avoid)  # (a live one, in turn)
         self._tok_queues.sending(req.rid)  # (waiting for room: watch_stalls leaves it)
         try:
             await self._to_tok[worker].send(req, patient=False)
@@ -458,10 +458,11 @@ class Engine:
             return
         while True:
             await trio.sleep(timeout / 4)
-            if self._paused or not self._sup.status().healthy:
+            status = self._sup.status()
+            if self._paused or not status.healthy:
                 continue  # no news is expected; a restart resubmits everything anyway
-            now = time.monotonic()
-            stalled = [r for r in self.table.live() if self._stalled(r, now, timeout)]
+            now, at_work = time.monotonic(), self._tok_queues.at_work(status)
+            stalled = [r for r in self.table.live() if self._stalled(r, now, timeout, at_work)]
             if stalled:  # one line a pass: an overload stalls hundreds at once
                 shown = ", ".join(f"{r.user_rid} ({r.redrives + 1})" for r in stalled[:3])
                 log.warning(
@@ -476,17 +477,18 @@ class Engine:
                 if record.input_ids is None:  # lost before its ids came back: tokenize again
                     # (from here, not queued: a full tokenizer ring must not hold up controls)
                     try:
-                        await self._to_tokenizer(record.req)
+                        await self._to_tokenizer(record.req, avoid=at_work)
                     except errors.RequestError as err:  # /dev/shm full: refused alone
                         self._fail(Refused(record.rid, type(err).__name__, str(err)))
                 else:
                     self._resubmit(record)
 
-    def _stalled(self, record: Record, now: float, timeout: float) -> bool:
+    def _stalled(self, record: Record, now: float, timeout: float, at_work: set[int]) -> bool:
         """No news for its timeout, and not queued behind its tokenizer's backlog."""
         if record.held or now - record.progress_at < timeout * 2**record.redrives:
             return False
-        return record.input_ids is not None or not self._tok_queues.queued(record.rid, now, timeout)
+        queues = self._tok_queues
+        return record.input_ids is not None or not queues.queued(record.rid, now, timeout, at_work)
 
     def _open_streams(self, record: Record, index: int | None = None) -> None:
         if record.input_ids is not None:

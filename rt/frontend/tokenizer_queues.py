@@ -7,6 +7,12 @@ it again would only lengthen the queue (2,737 copies in one second for a batch
 of 5,000 prompts). A frame sent after it answered first, or a tokenizer silent
 for the stall timeout, says it may be lost. So does nothing: a request still
 waiting for room to be sent in (a full ring, a full /dev/shm, no fd) is late.
+Nor does a tokenizer silent because it is at work (requests in hand while its
+trio thread beats: a long batch, or a stuck one, which the watchdog ends and
+whose ring redelivers): a copy sent there would wait behind the same batch,
+and each copy of a request that hangs it cost a watchdog kill of its own
+(one request held a one-worker server for minutes). Copies go to another
+worker, when one is free.
 """
 
 from __future__ import annotations
@@ -14,9 +20,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 
 from rt.actors import SupervisorStatus
-from rt.frontend.wiring import live_tokenizers
+from rt.frontend.wiring import live_tokenizers, tokenizer_name
+
+# requests taken before the last beat (the trio thread beats every second at most,
+# and work runs on a worker thread): a worker at work on them
+AT_WORK_S = 0.05
 
 
 class TokenizerQueues:
@@ -28,14 +39,17 @@ class TokenizerQueues:
         self._news_at = [time.monotonic()] * workers  # when it last answered
         self._of: dict[str, tuple[int, int]] = {}  # rid → (tokenizer, number) of its send
         self._sending: set[str] = set()  # waiting for room (a full ring, /dev/shm, fds)
+        self._incarnations = [1] * workers  # each worker's, as the last look saw it
 
-    def choose(self, status: Callable[[], SupervisorStatus]) -> int:
+    def choose(self, status: Callable[[], SupervisorStatus], avoid: set[int] | None = None) -> int:
         """The next worker in turn that is alive (any in turn, if none is): requests
-        go around one that is stopped, stuck or restarting."""
+        go around one that is stopped, stuck or restarting, and around ``avoid``
+        where another is alive."""
         turn = next(self._turn)
         if self._workers == 1:
             return 0
         live = live_tokenizers(status(), self._workers)
+        live = [i for i in live if i not in (avoid or ())] or live
         return min(live, key=lambda i: (i - turn) % self._workers, default=turn % self._workers)
 
     def sending(self, rid: str) -> None:
@@ -62,13 +76,38 @@ class TokenizerQueues:
         """The request left before its answer: nothing waits for it any more."""
         self._of.pop(rid, None)
 
-    def queued(self, rid: str, now: float, timeout: float) -> bool:
+    def at_work(self, status: SupervisorStatus) -> set[int]:
+        """The live workers holding requests they took before their last beat. A
+        worker seen restarted since the last look counts as news: its ring gives
+        the new incarnation what the old one had not answered (late, not lost)."""
+        now = time.monotonic()
+        for i in range(self._workers):
+            incarnation = status.actor(tokenizer_name(i)).incarnation
+            if incarnation != self._incarnations[i]:
+                self._incarnations[i] = incarnation
+                self._news_at[i] = now
+        found = set()
+        for i in live_tokenizers(status, self._workers):
+            actor = status.actor(tokenizer_name(i))
+            held, beat = actor.heartbeat_age, actor.beat_age
+            if held is not None and beat is not None and held > beat + AT_WORK_S:
+                found.add(i)
+        return found
+
+    def queued(
+        self, rid: str, now: float, timeout: float, at_work: AbstractSet[int] = frozenset()
+    ) -> bool:
         """Is ``rid`` still behind a backlog its tokenizer is working through (nothing
-        sent after it answered yet, and an answer within ``timeout``)?"""
+        sent after it answered yet, and an answer within ``timeout``, or the
+        tokenizer at work and no other worker free to take a copy)?"""
         if rid in self._sending:
             return True
         sent = self._of.get(rid)
         if sent is None:
             return False
         worker, number = sent
-        return self._answered[worker] < number and now - self._news_at[worker] < timeout
+        if self._answered[worker] >= number:
+            return False
+        if worker in at_work and len(at_work) >= self._workers:
+            return True
+        return now - self._news_at[worker] < timeout

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import trio
 
 import rt
 from rt.assets import default_model_path
@@ -52,3 +53,23 @@ async def test_a_template_that_cannot_work_stops_the_start(given: str, says: str
             pytest.fail("started")
     kids = subprocess.run(["pgrep", "-f", f"--parent {os.getpid()}"], capture_output=True)
     assert not kids.stdout
+
+
+@pytest.mark.slow
+async def test_a_request_that_hangs_the_tokenizer_costs_max_crashes_kills_no_more() -> None:
+    """A template that loops on a variable the client sets hangs the tokenizer on
+    one request. While it hung, stall detection sent the request again (the
+    worker was silent), and each copy, still queued after the request had
+    failed, cost one more watchdog kill (one request kept a one-worker server
+    from serving for minutes, with the defaults). A worker at work is not sent
+    copies: it is killed max_crashes_per_request times, and serves on."""
+    looping = "{% for i in range(reps) %}{% for j in range(reps) %}{% endfor %}{% endfor %}"
+    options = dict(NULL, chat_template=looping + TEMPLATE, watchdog_timeout=2.0)
+    async with rt.open_engine(**options, stall_timeout=4.0) as engine:
+        with trio.fail_after(60), pytest.raises(rt.errors.RequestFailedError, match="3 tokenizer"):
+            await engine.generate(messages=CHAT, chat_template_kwargs={"reps": 100000})
+        await trio.sleep(10.0)  # room for copies to be sent and hang it again
+        with trio.fail_after(30):
+            out = await engine.generate(messages=CHAT, chat_template_kwargs={"reps": 1})
+        assert len(out.output_ids) > 0
+        assert engine.supervisor.status().actor("tokenizer0").restart_count == 3
