@@ -134,7 +134,8 @@ class App:
             self.front.metrics.requests.labels(endpoint, status).inc()
 
     async def _dispatch(self, ex: Exchange) -> None:
-        route = ROUTES.get((ex.method, ex.path))
+        method = "GET" if ex.method == "HEAD" else ex.method  # HEAD: GET's headers alone
+        route = ROUTES.get((method, ex.path))
         if route is None:
             await self._other(ex)
             return
@@ -157,14 +158,16 @@ class App:
             await route.handler(self.front, ex, *args)
 
     async def _other(self, ex: Exchange) -> None:
-        if ex.path.startswith(MODELS_PREFIX) and ex.method == "GET":
+        reading = ex.method in ("GET", "HEAD")
+        if ex.path.startswith(MODELS_PREFIX) and reading:
             self._check_key(ex.scope)
             await openai_api.models(self.front, ex, ex.path[len(MODELS_PREFIX) :])
-        elif ex.path == "/openapi.json" and ex.method == "GET":
+        elif ex.path == "/openapi.json" and reading:
             self._check_key(ex.scope)
             await ex.json(self.openapi)
         else:
             allowed = sorted(method for method, path in ROUTES if path == ex.path)
+            allowed += ["HEAD"] if "GET" in allowed else []
             if allowed:
                 raise HTTPError(
                     405,

@@ -207,6 +207,8 @@ class Exchange:
             raw.append((b"connection", b"close"))
         self.started, self.status = True, status
         await self._send({"type": "http.response.start", "status": status, "headers": raw})
+        if self.method == "HEAD":  # the length GET's body would have, and no body
+            body = b""
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def json(self, obj: Any, status: int = 200, headers: Headers = ()) -> None:

@@ -32,6 +32,23 @@ def test_health(default_server: Server) -> None:
     assert httpx.get(f"{default_server.url}/health_generate", timeout=60).status_code == 200
 
 
+def test_head_answers_what_get_would_without_the_body(default_server: Server) -> None:
+    """Load balancers' and proxies' health checks may send HEAD (RFC 9110: a server
+    that takes GET takes HEAD); it was a 405."""
+    for path in ("/health", "/metrics", "/server_info", "/v1/models", "/openapi.json"):
+        head = httpx.head(default_server.url + path, timeout=30)
+        get = httpx.get(default_server.url + path, timeout=30)
+        assert head.status_code == get.status_code == 200, (path, head.status_code)
+        assert head.content == b"" and int(head.headers["content-length"]) > 0, path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+    refused = httpx.head(default_server.url + "/generate", timeout=30)
+    assert refused.status_code == 405 and refused.headers["allow"] == "POST"
+    assert httpx.get(default_server.url + "/generate", timeout=30).json()["error"]["message"] == (
+        "/generate takes POST, not GET"
+    )
+    assert httpx.post(default_server.url + "/health", timeout=30).headers["allow"] == "GET, HEAD"
+
+
 async def test_health_is_503_while_an_actor_is_stopped_long_before_the_watchdog(
     default_server: Server,
 ) -> None:
