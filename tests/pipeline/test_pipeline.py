@@ -566,13 +566,14 @@ async def test_max_new_tokens_none_fills_the_context_across_a_scheduler_kill(tin
         def kill_once() -> None:
             nonlocal chunks
             chunks += 1
-            if chunks == 20:
+            if chunks == 2:  # (a reader behind gets the steps it missed as one chunk:
+                # under the full suite a stream of ~150 tokens once came in 8)
                 os.kill(pid_of(engine, "scheduler"), signal.SIGKILL)
 
         got = await streams(engine, reqs, kill_once)
-        assert chunks >= 20
-        status = {a.name: a for a in engine.actors()}
-        assert status["scheduler"].restart_count == 1
+        assert chunks >= 2
+        with trio.fail_after(60):
+            await engine.supervisor.wait_for(lambda s: s.actor("scheduler").restart_count == 1)
         assert got == want == [out.text]
     # a KV pool smaller than the context: the room is the pool's, cut by the scheduler
     # (it was refused), and the same cut again for the one that resumes it
@@ -581,7 +582,7 @@ async def test_max_new_tokens_none_fills_the_context_across_a_scheduler_kill(tin
         assert out.meta.prompt_tokens + out.meta.completion_tokens == 80
         chunks = 0
         got = await streams(engine, reqs, kill_once)
-        assert chunks >= 20 and got == [out.text]
+        assert chunks >= 2 and got == [out.text]
         with pytest.raises(rt.errors.ContextOverflowError, match="room for 0 new tokens"):
             await engine.generate([7] * 100, max_new_tokens=None)
         with pytest.raises(InvalidRequestError, match="priority: the schedule policy is 'fcfs'"):
