@@ -12,7 +12,8 @@ and one reader task routes the server's frames to the request they name::
 The body of a request is that of ``POST /generate`` (``text`` or
 ``input_ids``, ``sampling_params``, ``return_logprob``, ``top_logprobs_num``,
 ``rid``, …); the server checks it, but for what JSON cannot carry as given
-(bytes, NaN or infinity, a lone surrogate, an object of another type), which
+(bytes, NaN or infinity, a lone surrogate, a key not a string, an object of
+another type), which
 this client refuses before sending, with :class:`rt.errors.InvalidRequestError`
 naming the field. Cancelling the task that awaits a request, or leaving a
 stream early, sends ``cancel`` for it.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ import trio
 import trio_websocket
 
 from rt import errors
+from rt.frontend.chat import json_value
 from rt.groups import raise_as_is
 
 __all__ = ["Client", "Delta", "RemoteError", "Stream", "connect", "ws_url"]
@@ -230,59 +233,14 @@ class Client:
 
 
 def _encode(frame: Frame) -> str:
-    _check(frame, "")
+    """The frame as JSON text. What JSON cannot carry as given is refused first,
+    naming its field, by the check the engine gives every JSON value (string
+    keys, finite numbers, 64-bit integers, valid Unicode, bounded nesting):
+    msgspec would send bytes as base64 text and NaN as null (the server then ran
+    another request than the one asked for), and fail on other types."""
+    for key, value in frame.items():
+        json_value(key, value, 0, [sys.maxsize])  # (a body's size is the server's to bound)
     return msgspec.json.encode(frame).decode()
-
-
-MAX_DEPTH = 64  # nested lists and objects in a body (the server takes 32 in a message)
-
-
-def _check(value: Any, path: str, depth: int = 0) -> None:
-    """Refuse what JSON cannot carry as the caller gave it: msgspec would send
-    bytes as base64 text and NaN as null, so that the server ran another
-    request than the one asked for, and would fail on other types after the
-    request was registered."""
-    where = path or "the body"
-    if value is None or isinstance(value, bool | int):
-        return
-    if isinstance(value, str):
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise errors.InvalidRequestError(
-                    f"{where}: expected a string of valid Unicode, got one with a lone surrogate"
-                ) from None
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise errors.InvalidRequestError(
-                f"{where}: expected a finite number, got {value!r} (JSON has no NaN or infinity)"
-            )
-        return
-    if isinstance(value, list | tuple | dict) and depth >= MAX_DEPTH:
-        raise errors.InvalidRequestError(
-            f"{where}: expected at most {MAX_DEPTH} levels of nested lists and objects"
-        )
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check(item, f"{path}[{i}]", depth + 1)
-        return
-    if isinstance(value, dict):
-        if len({str(key) for key in value}) < len(value):  # 1 and "1": one JSON key, twice
-            raise errors.InvalidRequestError(f"{where}: expected keys distinct as text")
-        for key, item in value.items():
-            if isinstance(key, bool) or not isinstance(key, str | int):  # (an int as its text)
-                raise errors.InvalidRequestError(
-                    f"{where}: expected str (or int) keys, got {key!r}"
-                )
-            _check(item, f"{path}.{key}" if path else str(key), depth + 1)
-        return
-    hint = "; decode it to a str first" if isinstance(value, bytes | bytearray) else ""
-    raise errors.InvalidRequestError(
-        f"{where}: expected a str, number, bool, None, list or dict, "
-        f"got {type(value).__name__}{hint}"
-    )
 
 
 class Stream:

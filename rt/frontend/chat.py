@@ -1,16 +1,19 @@
 """Chat prompts' parts of a request: the messages, the chat template's
 variables, and the JSON values they may hold (checked as rt/frontend/requests.py
-checks everything: an InvalidRequestError naming the field)."""
+checks everything: an InvalidRequestError naming the field). Light to import
+(no numpy): rt.client checks what it sends with ``json_value`` too."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rt.errors import InvalidRequestError
 from rt.gpu.sampling_params import INT64_MAX, INT64_MIN, show
-from rt.messages import ChatMessage
+
+if TYPE_CHECKING:
+    from rt.messages import ChatMessage
 
 MAX_JSON_DEPTH = 32  # nesting inside a chat message (tool calls and the like)
 # values (strings, numbers, lists, objects...) in a request's messages: 15 MB of ``{}`` in a
@@ -89,7 +92,7 @@ def json_value(where: str, value: Any, depth: int, budget: list[int]) -> None:
     if budget[0] < 0:
         raise InvalidRequestError(
             f"{where}: expected at most {MAX_JSON_VALUES} values (strings, numbers, lists, "
-            "objects) in the messages, got more"
+            "objects) in all, got more"
         )
     if value is None or isinstance(value, bool):
         return
