@@ -274,7 +274,9 @@ async def test_kill_9_mid_stream_every_request_completes_unchanged(
         def kill_once() -> None:
             nonlocal chunks, killed
             chunks += 1
-            if chunks == 40 and not killed:
+            # (each stream gives one chunk at least; a reader behind gets the steps it
+            # missed as one, so under load a count such as 40 may never come)
+            if chunks == len(reqs) and not killed:
                 killed = True
                 os.kill(pid_of(engine, victim), signal.SIGKILL)
 
