@@ -180,7 +180,8 @@ ENGINE_FLAGS = (
         "--watchdog-timeout",
         "watchdog_timeout",
         float,
-        "seconds without a heartbeat before an actor is killed and restarted",
+        "seconds without a heartbeat before an actor is killed and restarted (a chat "
+        "template's render is stopped, and its request refused, at a quarter of it, 10 s at most)",
     ),
     Flag(
         "--shutdown-grace",

@@ -56,6 +56,7 @@ class ActorContext:
         self.inbox = inbox
         self.outbox = outbox
         self._heartbeat = heartbeat
+        self._in_hand = False  # inside handling_requests
 
     def beat(self) -> None:
         if self._heartbeat is not None:
@@ -75,6 +76,7 @@ class ActorContext:
             yield
             return
         self._heartbeat.set_handling(True)
+        self._in_hand = True
         try:
             yield
         except Exception:
@@ -82,7 +84,17 @@ class ActorContext:
         except BaseException:  # cancelled (stopping): not a crash
             self._heartbeat.set_handling(False)
             raise
+        finally:
+            self._in_hand = False
         self._heartbeat.set_handling(False)
+
+    def progress(self) -> None:
+        """Inside :meth:`handling_requests`: one bounded unit of the work in hand is
+        done (a tokenizer's render of one chat template, time-limited), so the
+        watchdog's count starts again from now, for the next unit."""
+        if self._heartbeat is not None and self._in_hand:
+            self._heartbeat.beat()
+            self._heartbeat.set_handling(True)
 
     async def tick(self) -> None:
         """One iteration of an actor's own loop: heartbeat, then point ``loop``."""

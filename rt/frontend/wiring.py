@@ -24,6 +24,13 @@ def tokenizer_name(i: int) -> str:
     return f"tokenizer{i}"
 
 
+def render_limit(watchdog_timeout: float) -> float:
+    """How long a chat template may take to render one request: a quarter of the
+    watchdog's timeout, so that a render a client makes loop is refused alone (a 400)
+    long before the worker counts as hung; 10 s at most (one takes milliseconds)."""
+    return min(10.0, watchdog_timeout / 4)
+
+
 def live_tokenizers(status: SupervisorStatus, workers: int) -> list[int]:
     """The tokenizer workers running and showing signs of life (a beat within
     SILENT_AFTER_S): a stopped or stuck one would hold what is sent to it."""
@@ -78,6 +85,7 @@ def supervisor_spec(options: EngineOptions) -> SupervisorSpec:
                     options.tokenizer_batch_wait_ms / 1000,
                     options.max_crashes_per_request,
                     chat_template,
+                    render_limit(options.watchdog_timeout),
                 ),
                 inboxes=(f"front-tok{i}",),
                 outboxes=(f"tok{i}-sched", f"tok{i}-front"),

@@ -65,6 +65,7 @@ class TokenizerActor(Actor):
         batch_wait_s: float = 0.002,
         max_crashes: int = 3,
         chat_template: str | None = None,
+        render_limit_s: float = 0.0,
     ) -> None:
         self.inbox = f"front-tok{index}"
         self.to_scheduler = f"tok{index}-sched"
@@ -76,12 +77,15 @@ class TokenizerActor(Actor):
         self.batch_wait_s = batch_wait_s
         self.max_crashes = max_crashes
         self.chat_template = chat_template  # the text; None: the tokenizer's own
+        self.render_limit_s = render_limit_s  # a chat template's render, at most (0: no limit)
 
     async def startup(self, ctx: ActorContext) -> None:
         tokenizer = load_tokenizer(self.tokenizer_path)
         if self.chat_template is not None:
             tokenizer.chat_template = self.chat_template
-        self.core = TokenizerCore(tokenizer, self.context_length, self.vocab_size)
+        self.core = TokenizerCore(
+            tokenizer, self.context_length, self.vocab_size, self.render_limit_s
+        )
 
     async def run(self, ctx: ActorContext) -> None:
         inbox = ctx.inbox[self.inbox]
@@ -135,13 +139,18 @@ class TokenizerActor(Actor):
             await ctx.faults.point("tokenize", key=req.text if isinstance(req.text, str) else "")
             reqs[i] = req
         batch = list(reqs.values())
+        texts = []
+        for req in batch:  # in this thread: a chat template's render is time-limited here
+            texts.append(self.core.text(req))
+            if req.messages is not None:
+                ctx.progress()  # a render is a unit of work, bounded by render_limit_s
         if sum(_size(req) for req in batch) > THREAD_CHARS:
             # A long text takes the tokenizer seconds: off the trio thread, so that
             # aborts and heartbeats go on; the batch must still end within the
             # watchdog timeout (work on requests in hand counts from its start).
-            results = await trio.to_thread.run_sync(self.core.process, batch)
+            results = await trio.to_thread.run_sync(self.core.encode, batch, texts)
         else:
-            results = self.core.process(batch)
+            results = self.core.encode(batch, texts)
         for i, result in zip(reqs, results, strict=True):
             outcomes[i] = result
         return outcomes

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import reprlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 from rt.errors import ContextOverflowError, InvalidRequestError, RequestError, RequestFailedError
 from rt.gpu.sampling_params import SamplingParams
 from rt.messages import GenerateRequest, Refused, Scheduled, Tokenized
+from rt.tok.timelimit import TimeLimitExceeded, time_limit
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +42,19 @@ def max_token_bytes(tokenizer: Any) -> int | None:
 
 
 class TokenizerCore:
-    def __init__(self, tokenizer: Any, context_length: int, vocab_size: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        context_length: int,
+        vocab_size: int,
+        render_limit_s: float = 0.0,
+    ) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.vocab_size = vocab_size
+        # a chat template rendering longer than this is stopped and its request refused
+        # (0: no limit); it takes effect where templates render: the main thread
+        self.render_limit_s = render_limit_s
         # a text longer than this cannot fit the context: refused (or cut) before it is
         # tokenized, which for a text of megabytes took longer than the watchdog allows
         per_token = max_token_bytes(tokenizer)
@@ -55,19 +66,32 @@ class TokenizerCore:
     def process(self, reqs: Sequence[GenerateRequest]) -> list[Result]:
         """One result per request, in order: the request for the scheduler and the
         ids for the frontend, or why it was refused. Never raises for a request."""
+        return self.encode(reqs, [self.text(req) for req in reqs])
+
+    def text(self, req: GenerateRequest) -> str | Exception | None:
+        """The first half of :meth:`process`, one request at a time and in the main
+        thread (the chat template's time limit works there): its text, chat messages
+        rendered, or None for input_ids, or why it has none."""
+        try:
+            return self._bounded(req, self._text_of(req))
+        except Exception as err:
+            return err
+
+    def encode(
+        self, reqs: Sequence[GenerateRequest], texts: Sequence[str | Exception | None]
+    ) -> list[Result]:
+        """The second half of :meth:`process`: every text in one tokenizer call, each
+        request validated on its own. Off the main thread if need be."""
         results: list[Result | None] = [None] * len(reqs)
-        texts: dict[int, str] = {}
+        todo: dict[int, str] = {}
         plain: dict[int, bool] = {}
-        for i, req in enumerate(reqs):
-            try:
-                text = self._bounded(req, self._text_of(req))
-            except Exception as err:
-                results[i] = refusal(req.rid, err)
-                continue
-            if text is not None:
-                texts[i] = text
+        for i, (req, text) in enumerate(zip(reqs, texts, strict=True)):
+            if isinstance(text, Exception):
+                results[i] = refusal(req.rid, text)
+            elif text is not None:
+                todo[i] = text
                 plain[i] = req.messages is None
-        encoded = self._encode(texts, plain)
+        encoded = self._encode(todo, plain)
         for i, req in enumerate(reqs):
             if results[i] is not None:
                 continue
@@ -134,9 +158,19 @@ class TokenizerCore:
                 {**m, "role": "system"} if m["role"] == "developer" else m for m in messages
             ]
         opening = not variables.get("continue_final_message", False)
-        variables = {"add_generation_prompt": opening, **variables}
+        given = {"add_generation_prompt": opening, **variables}
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **variables)
+            with time_limit(self.render_limit_s):
+                text = self.tokenizer.apply_chat_template(messages, tokenize=False, **given)
+        except TimeLimitExceeded:
+            set_by_client = (
+                f" with chat_template_kwargs {reprlib.repr(variables)}" if variables else ""
+            )
+            raise InvalidRequestError(
+                f"messages: the chat template ran past its time limit ({self.render_limit_s:g} "
+                f"s) rendering them{set_by_client}, and was stopped; send a shorter "
+                "conversation or other template variables"
+            ) from None
         except Exception as err:  # a template error is the caller's input, not a crash
             raise InvalidRequestError(f"messages: the chat template failed: {err}") from err
         return str(text)

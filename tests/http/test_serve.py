@@ -569,14 +569,22 @@ async def test_an_engine_that_gives_up_tells_the_streams_it_cuts(tmp_path: Path)
 @pytest.mark.slow
 def test_rt_serve_chat_template_reaches_chat_completions(tmp_path: Path) -> None:
     path = tmp_path / "chat.jinja"
-    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}[you]")
+    looping = "{% for i in range(reps or 0) %}{% for j in range(reps) %}{% endfor %}{% endfor %}"
+    path.write_text(looping + "{% for m in messages %}[{{ m.role }}] {{ m.content }} {% endfor %}")
     body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 1}
-    with running_server("--load-format=null", f"--chat-template={path}") as server:
+    flags = ("--load-format=null", f"--chat-template={path}", "--watchdog-timeout=4")
+    with running_server(*flags) as server:
         out = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
         assert out.status_code == 200, out.text
         mine = out.json()["usage"]["prompt_tokens"]
+        # a variable that makes it loop: a 400 at the render's limit, nobody restarted
+        kwargs = {"chat_template_kwargs": {"reps": 100000}}
+        out = httpx.post(f"{server.url}/v1/chat/completions", json=body | kwargs, timeout=60)
+        assert out.status_code == 400, out.text
+        assert "ran past its time limit (1 s)" in out.json()["error"]["message"]
         info = httpx.get(f"{server.url}/server_info", timeout=60).json()
         assert info["config"]["chat_template"] == str(path)
+        assert [a["restart_count"] for a in info["actors"]] == [0] * len(info["actors"])
     with running_server("--load-format=null") as server:
         out = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
         assert out.json()["usage"]["prompt_tokens"] != mine
