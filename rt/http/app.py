@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rt.http import admin, native, openai_api, ws
+from rt.http import admin, native, openai_api, tokenize, ws
 from rt.http.asgi import (
     DRAIN_LIMIT,
     ClientDisconnected,
@@ -53,6 +53,8 @@ ROUTES: dict[tuple[str, str], Route] = {
         openai_api.chat_completions, "OpenAI chat completions", body=True
     ),
     ("GET", "/v1/models"): Route(openai_api.models, "The served model"),
+    ("POST", "/tokenize"): Route(tokenize.tokenize, "Text to token ids", body=True),
+    ("POST", "/detokenize"): Route(tokenize.detokenize, "Token ids to text", body=True),
     ("GET", "/health"): Route(
         admin.health, "200 when every actor runs, generation not paused; 503 and why", open=True
     ),

@@ -25,7 +25,7 @@ from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta
 from rt.http.metrics import EngineState, Metrics
 from rt.http.settings import Settings
-from rt.http.tokens import TokenTexts
+from rt.http.tokens import Encoder, TokenTexts
 from rt.messages import SchedulerStats
 
 
@@ -111,6 +111,7 @@ class Front:
         self.started_at = time.time()
         self.metrics = Metrics(self.state)
         self.tokens = TokenTexts(engine.options.resolved_tokenizer_path())
+        self.encoder = Encoder(engine.options.resolved_tokenizer_path())  # /tokenize's
         self.in_flight: dict[str, Tracked] = {}
         self.admitted = 0
         self._admissions: set[Admission] = set()

@@ -198,11 +198,37 @@ class WsFrame(BaseModel):
     type: Literal["generate", "cancel"]
 
 
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: a text, or a list of texts (SGLang's batch)."""
+
+    model_config = STRICT
+    model: str | None = None
+    prompt: str | list[str] | None = Field(default=None, description="the text (or texts)")
+    text: str | list[str] | None = Field(default=None, description="prompt's other name")
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = Field(
+        default=None, description="also each token as the vocabulary writes it (token_strs)"
+    )
+    messages: Any = Field(
+        default=None, description="not supported: chat messages (send the rendered text)"
+    )
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids, or a list of lists of them."""
+
+    model_config = STRICT
+    model: str | None = None
+    tokens: list[int] | list[list[int]]
+
+
 BODIES: dict[str, type[BaseModel]] = {
     "/generate": GenerateRequest,
     "/v1/completions": CompletionRequest,
     "/v1/chat/completions": ChatCompletionRequest,
     "/abort_request": AbortRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
 }
 M = TypeVar("M", bound=BaseModel)
 

@@ -2,7 +2,8 @@
 of a token-id prompt. The tokenizer is loaded in the main process on first use
 (in a worker thread), from ``tokenizer.json`` with the ``tokenizers`` library
 where the model has one (20 ms, no transformers import); else through
-``rt.tok.load``."""
+``rt.tok.load``. ``/tokenize`` encodes with :class:`Encoder`: the tokenizer the
+workers load (``rt.tok.load``), for the same ids."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import trio
+
+from rt.http.asgi import HTTPError
+from rt.tok.load import load_tokenizer
 
 BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
 
@@ -91,8 +96,6 @@ def _load(path: str) -> _Vocab:
             specials=frozenset(i for i, tok in added.items() if tok.special),
             byte_level=isinstance(tokenizer.decoder, decoders.ByteLevel),
         )
-    from rt.tok.load import load_tokenizer
-
     hf = load_tokenizer(path)
     return _Vocab(
         decode=lambda ids: str(hf.decode(ids, skip_special_tokens=False)),
@@ -100,3 +103,39 @@ def _load(path: str) -> _Vocab:
         specials=frozenset(hf.all_special_ids),
         byte_level=False,
     )
+
+
+class Encoder:
+    """The engine's tokenizer in this process, loaded on first use."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._tokenizer: Any = None
+        self._lock = trio.Lock()
+
+    async def encode(self, texts: list[str], add_special: bool, name: str) -> list[list[int]]:
+        """Each text's ids; one the tokenizer cannot encode is a 400 naming it
+        (``name``, the field the texts came in)."""
+        async with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = await trio.to_thread.run_sync(load_tokenizer, self._path)
+        return await trio.to_thread.run_sync(self._encode, texts, add_special, name)
+
+    def _encode(self, texts: list[str], add_special: bool, name: str) -> list[list[int]]:
+        try:
+            batch = self._tokenizer(texts, add_special_tokens=add_special)["input_ids"]
+        except Exception:  # find the text it fails on
+            for k, text in enumerate(texts):
+                try:
+                    self._tokenizer([text], add_special_tokens=add_special)
+                except Exception as err:
+                    field = name if len(texts) == 1 else f"{name}[{k}]"
+                    raise HTTPError(
+                        400,
+                        f"{field}: the tokenizer could not encode it ({type(err).__name__}: "
+                        f"{err}); expected text it can encode, such as valid Unicode without "
+                        "lone surrogates",
+                        param=field,
+                    ) from err
+            raise
+        return [list(ids) for ids in batch]

@@ -279,6 +279,21 @@ BODIES = st.one_of(
     ),
     st.tuples(st.just("/abort_request"), fields(rid=st.text(max_size=8), abort_all=st.booleans())),
     st.tuples(
+        st.just("/tokenize"),
+        fields(
+            prompt=PROMPT,
+            text=PROMPT,
+            add_special_tokens=st.booleans() | JSON,
+            return_token_strs=st.booleans() | JSON,
+            messages=st.lists(MESSAGE, max_size=2),
+            model=OPENAI["model"],
+        ),
+    ),
+    st.tuples(
+        st.just("/detokenize"),
+        fields(tokens=st.lists(st.integers(-5, 5000), max_size=8) | PROMPT | JSON),
+    ),
+    st.tuples(
         st.sampled_from(
             [
                 "/generate",
@@ -286,6 +301,8 @@ BODIES = st.one_of(
                 "/v1/chat/completions",
                 "/abort_request",
                 "/flush_cache",
+                "/tokenize",
+                "/detokenize",
             ]
         ),
         st.binary(max_size=64),

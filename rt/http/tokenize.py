@@ -1,0 +1,81 @@
+"""``POST /tokenize`` and ``POST /detokenize``, as vLLM and SGLang serve them.
+
+``/tokenize`` encodes text with the tokenizer the engine's workers load
+(``rt.tok.load``, the same call with the same ``add_special_tokens``), so its
+ids are the ones a completion of that text would be given. It runs in the
+main process, in a worker thread (loaded on first use); a text is bounded by
+the body's size limit. Chat messages are not taken: a chat template is code
+whose render needs the tokenizer worker's time limit, which only the
+worker's own thread has (``rt/tok/timelimit.py``).
+
+``/detokenize`` decodes ids with special tokens kept, as both servers do.
+The answer carries the text under vLLM's name (``prompt``) and SGLang's
+(``text``), so either's client reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import trio
+
+from rt.http.asgi import Exchange, HTTPError
+from rt.http.front import Front
+from rt.http.openai_api import check_model
+from rt.http.schemas import DetokenizeRequest, TokenizeRequest, parse
+
+
+async def tokenize(front: Front, ex: Exchange, body: bytes) -> None:
+    req = parse(TokenizeRequest, body)
+    check_model(front, req.model)
+    if req.messages is not None:
+        raise HTTPError(
+            400,
+            "messages: /tokenize takes a prompt (text), not chat messages; send the text the "
+            "chat template renders, or read usage.prompt_tokens of a chat completion",
+            param="messages",
+        )
+    if (req.prompt is None) == (req.text is None):
+        given = "both" if req.prompt is not None else "neither"
+        raise HTTPError(400, f"prompt: expected one of prompt or text, got {given}", param="prompt")
+    prompt = req.prompt if req.prompt is not None else req.text
+    texts = [prompt] if isinstance(prompt, str) else list(prompt or [])
+    if not texts:
+        raise HTTPError(400, "prompt: expected a text or a list of texts, got []", param="prompt")
+    field = "prompt" if req.prompt is not None else "text"
+    ids = await front.encoder.encode(texts, req.add_special_tokens, field)
+    out: dict[str, Any] = {
+        "tokens": ids[0] if isinstance(prompt, str) else ids,
+        "count": len(ids[0]) if isinstance(prompt, str) else [len(i) for i in ids],
+        "max_model_len": front.context_length,
+    }
+    if req.return_token_strs:
+        await front.tokens.ensure()
+        strs = [[front.tokens.vocab.piece(t) for t in one] for one in ids]
+        out["token_strs"] = strs[0] if isinstance(prompt, str) else strs
+    await ex.json(out)
+
+
+async def detokenize(front: Front, ex: Exchange, body: bytes) -> None:
+    req = parse(DetokenizeRequest, body)
+    check_model(front, req.model)
+    single = not req.tokens or isinstance(req.tokens[0], int)
+    lists = [cast(list[int], req.tokens)] if single else cast(list[list[int]], req.tokens)
+    await front.tokens.ensure()
+    texts = await trio.to_thread.run_sync(_decode, front, lists, single)
+    text: str | list[str] = texts[0] if single else texts
+    await ex.json({"prompt": text, "text": text})
+
+
+def _decode(front: Front, lists: list[list[int]], single: bool) -> list[str]:
+    """Off the trio thread: a body's size allows millions of ids."""
+    for k, ids in enumerate(lists):
+        bad = next((t for t in ids if not 0 <= t < front.vocab_size), None)
+        if bad is not None:
+            field = "tokens" if single else f"tokens[{k}]"
+            raise HTTPError(
+                400,
+                f"{field}: expected token ids in [0, {front.vocab_size}), got {bad}",
+                param=field,
+            )
+    return [front.tokens.decode(ids) for ids in lists]
