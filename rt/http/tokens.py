@@ -116,10 +116,10 @@ class Encoder:
     async def encode(self, texts: list[str], add_special: bool, name: str) -> list[list[int]]:
         """Each text's ids; one the tokenizer cannot encode is a 400 naming it
         (``name``, the field the texts came in)."""
-        async with self._lock:
+        async with self._lock:  # (held while it encodes: one text's memory at a time)
             if self._tokenizer is None:
                 self._tokenizer = await trio.to_thread.run_sync(load_tokenizer, self._path)
-        return await trio.to_thread.run_sync(self._encode, texts, add_special, name)
+            return await trio.to_thread.run_sync(self._encode, texts, add_special, name)
 
     def _encode(self, texts: list[str], add_special: bool, name: str) -> list[list[int]]:
         try:

@@ -66,6 +66,8 @@ def test_a_list_of_texts_gives_a_list(default_server: Server) -> None:
         ("/tokenize", {"prompt": 5}, 400, "prompt: "),
         ("/tokenize", {"prompt": "a", "add_special": True}, 400, "add_special: unknown field"),
         ("/tokenize", {"prompt": "a", "model": "other"}, 404, "'other' does not exist"),
+        # (a tokenizer holds ~250 bytes a token: 16 MiB of text took 4 GiB of the server)
+        ("/tokenize", {"text": ["ab" * (1 << 19), "c"]}, 413, "text: at most 1048576 char"),
         ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens: expected token ids in [0, 4096)"),
         ("/detokenize", {"tokens": [[1], [-1]]}, 400, "tokens[1]: expected token ids"),
         ("/detokenize", {"tokens": "1 2"}, 400, "tokens: "),
