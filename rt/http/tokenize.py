@@ -25,7 +25,8 @@ from rt.http.openai_api import check_model
 from rt.http.schemas import DetokenizeRequest, TokenizeRequest, parse
 
 # A tokenizer holds ~250 bytes per token of what it encodes (offsets, strings): 16 MiB
-# of text took 4 GiB of the server's memory and 18 s. Bounded, and one at a time.
+# of text took 4 GiB of the server's memory and 18 s. Bounded (characters of text to
+# encode, ids to decode), and encoded one request at a time.
 MAX_CHARS = 1 << 20
 
 
@@ -74,6 +75,14 @@ async def detokenize(front: Front, ex: Exchange, body: bytes) -> None:
     check_model(front, req.model)
     single = not req.tokens or isinstance(req.tokens[0], int)
     lists = [cast(list[int], req.tokens)] if single else cast(list[list[int]], req.tokens)
+    count = sum(map(len, lists))
+    if count > MAX_CHARS:
+        raise HTTPError(
+            413,
+            f"tokens: at most {MAX_CHARS} token ids per request, got {count}; split them",
+            param="tokens",
+            code="too_many_tokens",
+        )
     await front.tokens.ensure()
     texts = await trio.to_thread.run_sync(_decode, front, lists, single)
     text: str | list[str] = texts[0] if single else texts

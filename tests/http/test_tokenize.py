@@ -69,6 +69,7 @@ def test_a_list_of_texts_gives_a_list(default_server: Server) -> None:
         # (a tokenizer holds ~250 bytes a token: 16 MiB of text took 4 GiB of the server)
         ("/tokenize", {"text": ["ab" * (1 << 19), "c"]}, 413, "text: at most 1048576 char"),
         ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens: expected token ids in [0, 4096)"),
+        ("/detokenize", {"tokens": [[1] * (1 << 20), [2]]}, 413, "at most 1048576 token ids"),
         ("/detokenize", {"tokens": [[1], [-1]]}, 400, "tokens[1]: expected token ids"),
         ("/detokenize", {"tokens": "1 2"}, 400, "tokens: "),
         ("/detokenize", {}, 400, "tokens: this field is required"),
