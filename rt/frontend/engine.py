@@ -345,15 +345,15 @@ class Engine:
 
     async def _to_tokenizer(self, req: GenerateRequest, avoid: set[int] | None = None) -> None:
         worker = self._tok_queues.choose(self._sup.status, avoid)  # (a live one, in turn)
-        self._tok_queues.sending(req.rid)  # (waiting for room: watch_stalls leaves it)
-        try:
-            await self._to_tok[worker].send(req, patient=False)
+        queues = self._tok_queues
+        queues.sending(req.rid)  # (waiting for room: watch_stalls leaves it)
+        try:  # (numbered in the ring's order: its answers come in that order)
+            await self._to_tok[worker].send(req, False, lambda: queues.sent(worker, req.rid))
         except BaseException as err:
-            self._tok_queues.unsent(req.rid)
+            queues.unsent(req.rid)
             if isinstance(err, errors.ResourceExhausted):  # /dev/shm (or fds) full: refused
                 raise errors.refused_for_room(err) from err
             raise
-        self._tok_queues.sent(worker, req.rid)
 
     async def route_deltas(self) -> None:
         async for msg in frames(self._from_detok):

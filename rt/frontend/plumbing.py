@@ -86,18 +86,27 @@ class Out:
             return False  # full, its reader restarting, or /dev/shm full: send() waits
         return True
 
-    async def send(self, msg: Any, patient: bool = True) -> None:
+    async def send(
+        self, msg: Any, patient: bool = True, then: Callable[[], None] | None = None
+    ) -> None:
         """Send ``msg``, waiting out a restarting reader; and, ``patient``, a /dev/shm
-        or fd table that stays full (else ResourceExhausted after the ring's wait)."""
+        or fd table that stays full (else ResourceExhausted after the ring's wait).
+        ``then`` is called as soon as the frame is in the ring, before any other
+        sender's can follow it: in the ring's order (senders that count their
+        frames after ``send`` returns count them in the order trio wakes them)."""
         data = codec.dumps(msg)
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._send_now(data):  # (the lock is not held across the checkpoint after)
+            if then is not None:
+                then()
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        async with self.lock:
+        async with self.lock:  # (no sender writes while it is held: _send_now looks)
             while True:
                 try:
                     await self.tx.send(data)
+                    if then is not None:
+                        then()
                     return
                 except errors.Broken:  # the reader died with the ring full: wait for its successor
                     await trio.sleep(RETRY_S)

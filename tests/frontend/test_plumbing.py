@@ -190,3 +190,33 @@ async def test_a_caller_waiting_for_room_keeps_its_place(ends) -> None:
                     if msg == "second":
                         break
     assert [m for m in got if m != filler] == ["first", "second"]
+
+
+async def test_then_follows_the_rings_order_of_senders_at_once(ends) -> None:
+    """The tokenizer queues number each request as it is sent and take an answer
+    to a later number as news that an earlier one was lost. Numbered after send()
+    returned, 50 requests sent at once were numbered in the order trio woke their
+    tasks, not the ring's, and requests still queued were sent again."""
+    out, rx = ends
+    numbered: list[int] = []
+
+    async def send(i: int) -> None:
+        await out.send(i, then=lambda: numbered.append(i))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(50):
+            nursery.start_soon(send, i)
+    assert numbered == drain(rx)
+    # and senders that waited for room (a filler frame as large as theirs)
+    with pytest.raises(WouldBlock):
+        while True:
+            out.tx.send_nowait(codec.dumps(0))
+    numbered.clear()
+    async with trio.open_nursery() as nursery:
+        for i in range(1, 4):
+            nursery.start_soon(send, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert numbered == []  # nothing sent yet: nothing numbered
+        got = drain(rx)
+    got += drain(rx)
+    assert numbered == [m for m in got if m != 0]
