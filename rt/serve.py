@@ -181,7 +181,7 @@ ENGINE_FLAGS = (
         "watchdog_timeout",
         float,
         "seconds without a heartbeat before an actor is killed and restarted (a chat "
-        "template's render is stopped, and its request refused, at a quarter of it, 10 s at most)",
+        "template's render is stopped, and its request refused, at a quarter of it, 2 s at most)",
     ),
     Flag(
         "--shutdown-grace",

@@ -20,12 +20,13 @@ cancelled, a normal exit)::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import ClassVar
 
 from rt.actors.faults import Faults
-from rt.actors.heartbeat import Heartbeat
+from rt.actors.heartbeat import PROGRESS_BACKDATE_S, Heartbeat
 from rt.actors.mailbox import Inbox, Outbox
 
 
@@ -89,12 +90,16 @@ class ActorContext:
         self._heartbeat.set_handling(False)
 
     def progress(self) -> None:
-        """Inside :meth:`handling_requests`: one bounded unit of the work in hand is
-        done (a tokenizer's render of one chat template, time-limited), so the
-        watchdog's count starts again from now, for the next unit."""
+        """Inside :meth:`handling_requests`: a bounded unit of the work in hand
+        starts (a tokenizer's render of one chat template, time-limited), so the
+        watchdog's count starts again from now, and the child beats. The work is
+        dated a little before the beat (``PROGRESS_BACKDATE_S``): requests taken
+        before the last beat are what tells the frontend this child is at work,
+        not lost (it sends it no copies, rt/frontend/tokenizer_queues.py)."""
         if self._heartbeat is not None and self._in_hand:
-            self._heartbeat.beat()
-            self._heartbeat.set_handling(True)
+            now = time.monotonic_ns()
+            self._heartbeat.beat(now)
+            self._heartbeat.set_handling(True, now - int(PROGRESS_BACKDATE_S * 1e9))
 
     async def tick(self) -> None:
         """One iteration of an actor's own loop: heartbeat, then point ``loop``."""

@@ -38,6 +38,9 @@ import time
 
 from rt.shm.segment import Segment
 
+# what ActorContext.progress dates a unit of work before its beat: more than the
+# frontend's AT_WORK_S, so that a child at work on its requests is seen so
+PROGRESS_BACKDATE_S = 0.1
 MAX_BEAT_INTERVAL_S = 1.0  # a child's timer beats at least this often (see SILENT_AFTER_S)
 _FIELDS = 3  # u64 per child: last beat, handling since, going down since
 _BEAT, _HANDLING, _DOWN = range(_FIELDS)
@@ -110,12 +113,12 @@ class Heartbeat:
         self._view = memoryview(self._segment.buf).cast("Q")
         self._base = _FIELDS * slot
 
-    def beat(self) -> None:
-        self._view[self._base + _BEAT] = time.monotonic_ns()
+    def beat(self, now_ns: int = 0) -> None:
+        self._view[self._base + _BEAT] = now_ns or time.monotonic_ns()
 
-    def set_handling(self, value: bool) -> None:
-        """Requests in hand from now (True) or none (False)."""
-        self._view[self._base + _HANDLING] = time.monotonic_ns() if value else 0
+    def set_handling(self, value: bool, since_ns: int = 0) -> None:
+        """Requests in hand from now, or ``since_ns`` (True), or none (False)."""
+        self._view[self._base + _HANDLING] = (since_ns or time.monotonic_ns()) if value else 0
 
     def set_going_down(self) -> None:
         """The run is over (it raised, or ended): the supervisor's status says so at once."""

@@ -26,7 +26,8 @@ from rt.actors import SupervisorStatus
 from rt.frontend.wiring import live_tokenizers, tokenizer_name
 
 # requests taken before the last beat (the trio thread beats every second at most,
-# and work runs on a worker thread): a worker at work on them
+# and work runs on a worker thread; a render's progress() dates its work
+# PROGRESS_BACKDATE_S before its beat): a worker at work on them
 AT_WORK_S = 0.05
 
 

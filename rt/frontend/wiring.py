@@ -27,8 +27,10 @@ def tokenizer_name(i: int) -> str:
 def render_limit(watchdog_timeout: float) -> float:
     """How long a chat template may take to render one request: a quarter of the
     watchdog's timeout, so that a render a client makes loop is refused alone (a 400)
-    long before the worker counts as hung; 10 s at most (one takes milliseconds)."""
-    return min(10.0, watchdog_timeout / 4)
+    long before the worker counts as hung; 2 s at most (one takes milliseconds),
+    under SILENT_AFTER_S: the worker beats between renders, not during one, and
+    one longer than that made /health say the worker showed no sign of life."""
+    return min(2.0, watchdog_timeout / 4)
 
 
 def live_tokenizers(status: SupervisorStatus, workers: int) -> list[int]:

@@ -141,9 +141,12 @@ class TokenizerActor(Actor):
         batch = list(reqs.values())
         texts = []
         for req in batch:  # in this thread: a chat template's render is time-limited here
+            if req.messages is None:
+                texts.append(self.core.text(req))
+                continue
+            ctx.progress()  # a render is a unit of work, bounded by render_limit_s
             texts.append(self.core.text(req))
-            if req.messages is not None:
-                ctx.progress()  # a render is a unit of work, bounded by render_limit_s
+            await trio.lowlevel.checkpoint()  # the heartbeat and aborts between renders
         if sum(_size(req) for req in batch) > THREAD_CHARS:
             # A long text takes the tokenizer seconds: off the trio thread, so that
             # aborts and heartbeats go on; the batch must still end within the

@@ -172,7 +172,9 @@ class TokenizerCore:
                 "conversation or other template variables"
             ) from None
         except Exception as err:  # a template error is the caller's input, not a crash
-            raise InvalidRequestError(f"messages: the chat template failed: {err}") from err
+            said = str(err)  # (it may quote the whole chat: raise_exception(content))
+            said = said if len(said) <= 1000 else f"{said[:1000]}… ({len(said)} characters)"
+            raise InvalidRequestError(f"messages: the chat template failed: {said}") from err
         return str(text)
 
     def _encode(

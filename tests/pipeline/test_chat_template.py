@@ -4,6 +4,7 @@ given inline; one that cannot work stops the start, before any process."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
@@ -119,4 +120,56 @@ async def test_a_batch_of_slow_renders_each_within_the_limit_is_served() -> None
                 nursery.start_soon(one)
         assert served == [1] * 24
         assert time.monotonic() - start > 4.0  # (longer than the watchdog's timeout)
+        assert engine.supervisor.status().actor("tokenizer0").restart_count == 0
+
+
+LOOPING = "{% for i in range(reps) %}{% for j in range(reps) %}{% endfor %}{% endfor %}"
+
+
+@pytest.mark.slow
+async def test_a_render_at_its_limit_leaves_the_worker_alive_to_the_health_check() -> None:
+    """The worker beats between renders, not during one: with the default watchdog
+    the limit was 7.5 s, past the 5 s after which a silent worker counts as stuck,
+    so one hostile request made /health a 503 for 2.5 s. It is 2 s at most now."""
+    async with rt.open_engine(**NULL, chat_template=LOOPING + TEMPLATE) as engine:
+        silent: list[str] = []
+
+        async def watch() -> None:
+            while True:
+                silent.extend(a.name for a in engine.supervisor.status().silent())
+                await trio.sleep(0.1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            with pytest.raises(rt.errors.InvalidRequestError, match=r"time limit \(2 s\)"):
+                await engine.generate(messages=CHAT, chat_template_kwargs={"reps": 100000})
+            nursery.cancel_scope.cancel()
+        assert silent == []
+
+
+@pytest.mark.slow
+async def test_a_batch_of_renders_at_their_limit_is_not_sent_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While one worker rendered a batch of hostile requests (each to its limit), the
+    stall watch took it for lost (no beat, no answer) and sent every request in it
+    again, each copy rendered to the limit once more after its client had its 400.
+    A render starts with a beat that shows the worker at work: no copies."""
+    options = dict(NULL, chat_template=LOOPING + TEMPLATE, watchdog_timeout=4.0)
+    async with rt.open_engine(**options, stall_timeout=1.0) as engine:
+        refused: list[str] = []
+
+        async def hostile() -> None:
+            with pytest.raises(rt.errors.InvalidRequestError, match="time limit") as err:
+                await engine.generate(messages=CHAT, chat_template_kwargs={"reps": 100000})
+            refused.append(str(err.value))
+
+        with caplog.at_level(logging.WARNING, logger="rt.frontend"):
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(hostile)
+        assert len(refused) == 5
+        assert not [r.message for r in caplog.records if "sending them again" in r.message]
+        out = await engine.generate(messages=CHAT, chat_template_kwargs={"reps": 1})
+        assert len(out.output_ids) > 0
         assert engine.supervisor.status().actor("tokenizer0").restart_count == 0

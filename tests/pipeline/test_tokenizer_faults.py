@@ -81,9 +81,9 @@ def assert_completed(outputs: list[Any]) -> None:
 async def test_a_poison_in_a_batch_fails_alone_wherever_it_sits(
     tiny_model: Path, tmp_path: Path, position: int
 ) -> None:
-    # The worker dies inside core.process with the whole batch in hand. Its
-    # successor retries that batch one request at a time; the poison is refused
-    # once MAX_CRASHES workers died with it in hand: the batch's, then two alone.
+    # The worker dies tokenizing (its "tokenize" fault point) with the whole batch
+    # in hand. Its successor retries that batch one request at a time; the poison is
+    # refused once MAX_CRASHES workers died with it in hand: the batch's, then two alone.
     prompts = {f"ok{i}": f"prompt {i}" for i in range(6)}
     names = list(prompts)
     names.insert(position, "poison")
