@@ -314,3 +314,20 @@ def test_the_chat_templates_variables_come_from_the_request(tokenizer) -> None:
         "[user]hi[end][assistant]Once",
         "[user]hi[end][assistant]Once[end]",
     ]
+
+
+def test_a_templates_error_is_said_in_at_most_a_thousand_characters(tokenizer) -> None:
+    """A template's own error may quote the chat (``raise_exception(content)``):
+    the refusal says its start and how long it was, not the whole of it."""
+    tokenizer = type(tokenizer)(tokenizer_object=tokenizer.backend_tokenizer)
+    tokenizer.chat_template = "{{ raise_exception('bad: ' + messages[0]['content']) }}"
+    core = TokenizerCore(tokenizer, context_length=256, vocab_size=len(tokenizer))
+    for content, whole in (("short", True), ("x" * 50_000, False)):
+        (result,) = core.process(
+            [GenerateRequest("r", messages=[{"role": "user", "content": content}])]
+        )
+        assert isinstance(result, Refused) and result.error == "InvalidRequestError"
+        assert result.message.startswith("messages: the chat template failed: bad: ")
+        assert len(result.message) < 1100
+        assert whole == result.message.endswith("bad: short")
+        assert whole or result.message.endswith("… (50005 characters)")
