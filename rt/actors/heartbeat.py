@@ -83,6 +83,11 @@ class HeartbeatTable:
         last = max(int(self._view[_FIELDS * slot + _BEAT]), since_ns)
         return max(0.0, (time.monotonic_ns() - last) / 1e9)
 
+    def handling_age(self, slot: int) -> float | None:
+        """Seconds since the child took the requests it has in hand; None if none."""
+        since = int(self._view[_FIELDS * slot + _HANDLING])
+        return max(0.0, (time.monotonic_ns() - since) / 1e9) if since else None
+
     def handling(self, slot: int) -> bool:
         """Whether the child said it had client requests in hand (read it at its exit)."""
         return bool(self._view[_FIELDS * slot + _HANDLING])

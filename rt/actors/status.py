@@ -41,6 +41,9 @@ class ActorStatus:
     last_exit_at: float | None  # when the supervisor saw the last exit
     request_crashes: int = 0
     beat_age: float | None = None  # since its last beat alone (None: not running)
+    # since it took the requests it has in hand (None: none, or not running); unlike
+    # heartbeat_age, not cut at ready_at: work that began as it started is this one's
+    handling_age: float | None = None
 
 
 SILENT_AFTER_S = 5.0  # a running child with no beat for this long cannot answer

@@ -143,7 +143,6 @@ class Supervisor:
     # -- the public surface ---------------------------------------------------
 
     def status(self) -> SupervisorStatus:
-        hb = self._heartbeats
         return SupervisorStatus(
             name=self.spec.name,
             strategy=self.spec.strategy.value,
@@ -155,15 +154,10 @@ class Supervisor:
                     incarnation=c.incarnation,
                     restart_count=c.restart_count,
                     last_exit_reason=c.reasons[-1] if c.reasons else None,
-                    heartbeat_age=hb.age(c.index, c.ready_ns)
-                    if hb is not None and c.state is ActorState.RUNNING
-                    else None,
                     ready_at=c.ready_at,
                     last_exit_at=c.last_exit_at,
                     request_crashes=c.request_crashes,
-                    beat_age=hb.silence(c.index, c.ready_ns)
-                    if hb is not None and c.state is ActorState.RUNNING
-                    else None,
+                    **self._ages(c),
                 )
                 for c in self._children
             ),
@@ -172,6 +166,14 @@ class Supervisor:
             escalated=str(self._escalation) if self._escalation else None,
             subtrees=tuple(c.sub.status() for c in self._children if c.sub is not None),
         )
+
+    def _ages(self, c: _Child) -> dict[str, float | None]:
+        hb, names = self._heartbeats, ("heartbeat_age", "beat_age", "handling_age")
+        if hb is None or c.state is not ActorState.RUNNING:
+            return dict.fromkeys(names)
+        i, ready = c.index, c.ready_ns
+        ages = (hb.age(i, ready), hb.silence(i, ready), hb.handling_age(i))
+        return dict(zip(names, ages, strict=True))
 
     def _state(self, child: _Child) -> ActorState:
         """``child.state``, but EXITING once a running child said it is going down,

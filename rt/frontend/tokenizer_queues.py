@@ -90,7 +90,7 @@ class TokenizerQueues:
         found = set()
         for i in live_tokenizers(status, self._workers):
             actor = status.actor(tokenizer_name(i))
-            held, beat = actor.heartbeat_age, actor.beat_age
+            held, beat = actor.handling_age, actor.beat_age
             if held is not None and beat is not None and held > beat + AT_WORK_S:
                 found.add(i)
         return found

@@ -3,7 +3,7 @@ children: the parent's sys.path travels to them, and pytest puts this folder on 
 
 Cues in a request's text:
 
-* ``POISON``: the process dies (``os._exit``) inside ``TokenizerCore.process``,
+* ``POISON``: the process dies (``os._exit``) inside ``TokenizerCore.encode``,
   on any batch that holds the text, as a segfault in the Rust tokenizer would:
   there is no exception to catch.
 * ``RAISE``: the tokenizer's (batched) call raises, as the real one does on a
@@ -45,14 +45,16 @@ class Picky:
 
 
 class CuedCore(TokenizerCore):
-    def process(self, reqs: Sequence[GenerateRequest]) -> list[Result]:
-        texts = [r.text for r in reqs if isinstance(r.text, str)]
-        if any(POISON in t for t in texts):
+    def encode(
+        self, reqs: Sequence[GenerateRequest], texts: Sequence[str | Exception | None]
+    ) -> list[Result]:
+        given = [r.text for r in reqs if isinstance(r.text, str)]
+        if any(POISON in t for t in given):
             os._exit(1)
-        for t in texts:
+        for t in given:
             if t.startswith(HOLD):
                 hold(Path(t.removeprefix(HOLD)))
-        return super().process(reqs)
+        return super().encode(reqs, texts)
 
 
 def hold(folder: Path) -> None:
