@@ -327,9 +327,9 @@ class Engine:
 
     # ---- routing (tasks in the engine's nursery) --------------------------------
 
-    async def route_tokenized(self, rx: RingReceiver) -> None:
+    async def route_tokenized(self, rx: RingReceiver, worker: int) -> None:
         async for msg in frames(rx):
-            self._tok_queues.answered(msg.rid)
+            self._tok_queues.answered(msg.rid, worker)
             if isinstance(msg, Tokenized):
                 record = self.table.on_tokenized(msg)
                 if record is None:

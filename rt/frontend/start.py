@@ -52,8 +52,8 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
             engine = Engine(opts, supervisor)
             try:
                 async with trio.open_nursery() as nursery:
-                    for rx in engine._from_tok:
-                        nursery.start_soon(engine.route_tokenized, rx)
+                    for worker, rx in enumerate(engine._from_tok):
+                        nursery.start_soon(engine.route_tokenized, rx, worker)
                     nursery.start_soon(engine.route_deltas)
                     nursery.start_soon(engine.controls.run)
                     nursery.start_soon(engine.watch_scheduler)

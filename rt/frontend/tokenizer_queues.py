@@ -66,12 +66,15 @@ class TokenizerQueues:
         self._sent[worker] += 1
         self._of[rid] = (worker, self._sent[worker])
 
-    def answered(self, rid: str) -> None:
+    def answered(self, rid: str, worker: int) -> None:
+        """``worker`` answered ``rid``: news of its queue. Its place in that queue is
+        credited only if its latest send went there (a late answer to a copy sent
+        before, by another worker, credited the worker of the latest one with a
+        number its queue had not reached: the requests before it there looked lost)."""
+        self._news_at[worker] = time.monotonic()
         sent = self._of.pop(rid, None)
-        if sent is not None:
-            worker, number = sent
-            self._answered[worker] = max(self._answered[worker], number)
-            self._news_at[worker] = time.monotonic()
+        if sent is not None and sent[0] == worker:
+            self._answered[worker] = max(self._answered[worker], sent[1])
 
     def forget(self, rid: str) -> None:
         """The request left before its answer: nothing waits for it any more."""
