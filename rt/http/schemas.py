@@ -230,6 +230,9 @@ class DetokenizeRequest(BaseModel):
     model_config = STRICT
     model: str | None = None
     tokens: Ints | IntLists
+    skip_special_tokens: bool | None = Field(
+        default=None, description="SGLang's: leave special tokens out (default: keep them)"
+    )
 
 
 BODIES: dict[str, type[BaseModel]] = {
@@ -241,6 +244,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "/detokenize": DetokenizeRequest,
 }
 M = TypeVar("M", bound=BaseModel)
+MAX_ITEMS = 1 << 16  # a list of texts, lists or objects (a batch, messages), at most
 
 
 def loads(data: bytes | str) -> Any:
@@ -268,10 +272,7 @@ def parse(model: type[M], data: bytes | str | dict[str, Any]) -> M:
     obj = data if isinstance(data, dict) else loads(data)
     if not isinstance(obj, dict):
         raise HTTPError(400, f"the body must be a JSON object, got {_what(obj)}")
-    unknown = _unknown_field(model, obj, ())
-    if unknown is not None:  # (pydantic reports every unknown key: 1.3 GiB for 16 MiB of them)
-        where = _path(unknown[0])
-        raise HTTPError(400, f"{where}: unknown field (got {_what(unknown[1])})", param=where)
+    obj = _prepared(model, obj, ())
     try:
         return model.model_validate(obj)
     except pydantic.ValidationError as err:
@@ -279,43 +280,64 @@ def parse(model: type[M], data: bytes | str | dict[str, Any]) -> M:
         raise HTTPError(400, message, param=param) from None
 
 
-def _unknown_field(
-    model: type[BaseModel], obj: dict[str, Any], at: tuple[Any, ...]
-) -> tuple[tuple[Any, ...], Any] | None:
-    """The first key of ``obj`` (or of an object inside it that is one of the
-    model's models) that the model does not take, with its value; None if none."""
-    if model.model_config.get("extra") != "forbid":
-        return None
-    fields = model.model_fields
-    for key, value in obj.items():
-        if key not in fields:
-            return (*at, key), value
-    for name, inner in _inner_models(model).items():
-        value = obj.get(name)
-        items = enumerate(value) if isinstance(value, list) else [(None, value)]
-        for k, item in items:
-            if isinstance(item, dict):
-                where = (*at, name) if k is None else (*at, name, k)
-                found = _unknown_field(inner, item, where)
-                if found is not None:
-                    return found
-    return None
+def _prepared(model: type[BaseModel], obj: dict[str, Any], at: tuple[Any, ...]) -> dict[str, Any]:
+    """``obj`` as pydantic is to see it. A list of texts, lists or objects longer than
+    ``MAX_ITEMS`` is refused here (pydantic builds an object per item: 1.5 s of the
+    event loop and 268 MB for a 1 MiB list of empty objects); of the keys the model
+    does not take, only the first is kept (pydantic reported each: 1.3 GiB for 16 MiB
+    of them), so its first error, and the message, are what they were."""
+    fields, out = model.model_fields, obj
+    if model.model_config.get("extra") == "forbid":
+        unknown = [k for k in obj if k not in fields]
+        if len(unknown) > 1:
+            out = {k: v for k, v in obj.items() if k in fields or k == unknown[0]}
+    for name, (inner, in_list) in _inner_models(model).items():
+        value = out.get(name)
+        new = value
+        if isinstance(value, list):
+            _check_length(value, (*at, name))
+            if inner is not None and in_list:
+                items = [
+                    _prepared(inner, v, (*at, name, k)) if isinstance(v, dict) else v
+                    for k, v in enumerate(value)
+                ]
+                new = items if any(x is not y for x, y in zip(items, value, strict=True)) else value
+        elif isinstance(value, dict) and inner is not None:
+            new = _prepared(inner, value, (*at, name))
+        if new is not value:
+            out = dict(out) if out is obj else out
+            out[name] = new
+    return out
+
+
+def _check_length(value: list[Any], at: tuple[Any, ...]) -> None:
+    """A list of texts, lists or objects (a batch, messages) has at most MAX_ITEMS
+    items; one of numbers (token ids) is cheap to check, and is a prompt's length
+    (and one of anything else fails at its first item)."""
+    if len(value) > MAX_ITEMS and isinstance(value[0], str | list | dict):
+        where = _path(at)
+        raise HTTPError(
+            400, f"{where}: expected at most {MAX_ITEMS} items, got {len(value)}", param=where
+        )
 
 
 @functools.cache
-def _inner_models(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
-    """The fields of ``model`` whose values are (or are lists of) another model."""
-    out = {}
+def _inner_models(model: type[BaseModel]) -> dict[str, tuple[type[BaseModel] | None, bool]]:
+    """Each field of ``model``: the model its value is, or lists items of (None if
+    neither), and whether a list of them is among what it takes."""
+    out: dict[str, tuple[type[BaseModel] | None, bool]] = {}
     for name, info in model.model_fields.items():
-        todo, seen = [info.annotation], []
+        todo: list[tuple[Any, bool]] = [(info.annotation, False)]
+        found: type[BaseModel] | None = None
+        in_list = False
         while todo:
-            kind = todo.pop()
+            kind, listed = todo.pop()
             if isinstance(kind, type) and issubclass(kind, BaseModel):
-                seen.append(kind)
+                found, in_list = found or kind, in_list or listed
             else:
-                todo.extend(typing.get_args(kind))
-        if seen:
-            out[name] = seen[0]
+                inside = typing.get_origin(kind) is list
+                todo.extend((arg, listed or inside) for arg in typing.get_args(kind))
+        out[name] = (found, in_list)
     return out
 
 

@@ -28,6 +28,31 @@ from rt.http.schemas import (
     ("model", "body", "param", "message"),
     [
         (GenerateRequest, b"[1]", None, "the body must be a JSON object, got list [1]"),
+        # unknown keys are trimmed to the first before pydantic: its first error is kept
+        (
+            CompletionRequest,
+            b'{"prompt": "x", "stream_options": [{"bogus": 1}]}',
+            "stream_options",
+            "stream_options: input should be a valid dictionary or instance of StreamOptions",
+        ),
+        (
+            CompletionRequest,
+            b'{"prompt": 5, "zzz": 1, "yyy": 2}',
+            "prompt",
+            "prompt: expected str or list[str] or list[int] or list[list[int]]; got 5",
+        ),
+        (
+            GenerateRequest,
+            b'{"text": "x", "sampling_params": {"temperature": "hot", "b": 1, "c": 2}}',
+            "sampling_params.temperature",
+            "sampling_params.temperature: input should be a valid number (got 'hot')",
+        ),
+        (
+            GenerateRequest,
+            b'{"text": "x", "sampling_params": [{"n": 1}, {"b": 1, "c": 2}]}',
+            "sampling_params[1].b",
+            "sampling_params[1].b: unknown field (got 1)",
+        ),
         (GenerateRequest, b'{"text": ', None, "the body is not valid JSON: Expecting value"),
         (
             GenerateRequest,
@@ -125,7 +150,9 @@ ADVERSARIAL = [
     ("GenerateRequest", {"input_ids": ["NULL"]}, "input_ids: expected list[int] or"),
     ("GenerateRequest", {"text": "x", "sampling_params": ["INT"]}, "sampling_params[0]: "),
     ("CompletionRequest", {"prompt": "x", "logit_bias": "BIAS"}, "logit_bias.0: input should"),
-    ("CompletionRequest", "KEYS", "k0: unknown field (got 1)"),
+    ("CompletionRequest", "KEYS", "prompt: this field is required"),  # (as before)
+    ("GenerateRequest", {"text": "x", "sampling_params": ["OBJ"]}, "expected at most 65536"),
+    ("GenerateRequest", {"input_ids": ["LIST"]}, "input_ids: expected at most 65536 items"),
     ("GenerateRequest", {"text": "x", "sampling_params": "KEYS"}, "sampling_params.k0: unknown"),
     ("TokenizeRequest", {"prompt": ["INT"]}, "prompt[0]: input should be a valid string"),
     ("CompletionRequest", {"prompt": ["INT"]}, "ok"),  # valid: ids
@@ -139,7 +166,7 @@ def body(spec):
     keys = "{" + ",".join(f'"k{i}":1' for i in range(many)) + "}"
     bias = "{" + ",".join(f'"{i}":null' for i in range(many)) + "}"
     text = '"KEYS"' if spec == "KEYS" else json.dumps(spec)
-    for mark, many_of in (('["NULL"]', "null"), ('["INT"]', "1")):
+    for mark, many_of in (('["NULL"]', "null"), ('["INT"]', "1"), ('["OBJ"]', "{}"), ('["LIST"]', "[]")):
         text = text.replace(mark, "[" + ",".join([many_of] * many) + "]")
     return text.replace('"KEYS"', keys).replace('"BIAS"', bias).encode()
 cases = json.loads(sys.stdin.read())
