@@ -8,7 +8,8 @@ the body's size limit. Chat messages are not taken: a chat template is code
 whose render needs the tokenizer worker's time limit, which only the
 worker's own thread has (``rt/tok/timelimit.py``).
 
-``/detokenize`` decodes ids with special tokens kept, as both servers do.
+``/detokenize`` decodes ids with special tokens kept, as vLLM does (SGLang's
+``skip_special_tokens`` drops them, when sent).
 The answer carries the text under vLLM's name (``prompt``) and SGLang's
 (``text``), so either's client reads it.
 """
@@ -24,10 +25,13 @@ from rt.http.front import Front
 from rt.http.openai_api import check_model
 from rt.http.schemas import DetokenizeRequest, TokenizeRequest, parse
 
-# A tokenizer holds ~250 bytes per token of what it encodes (offsets, strings): 16 MiB
-# of text took 4 GiB of the server's memory and 18 s. Bounded (characters of text to
-# encode, ids to decode), and encoded one request at a time.
-MAX_CHARS = 1 << 20
+# A tokenizer holds ~250 bytes per token of what it encodes (offsets, strings), and
+# ~1.6 KB per text: 16 MiB of text took 4 GiB of the server's memory and 18 s. So a
+# request's texts are bounded in UTF-8 bytes (a byte-level tokenizer makes at most a
+# token of each), each text counting PER_TEXT more, and encoded one request at a time;
+# ids to decode, likewise.
+MAX_BYTES = 1 << 20
+PER_TEXT = 1 << 10
 
 
 async def tokenize(front: Front, ex: Exchange, body: bytes) -> None:
@@ -45,15 +49,19 @@ async def tokenize(front: Front, ex: Exchange, body: bytes) -> None:
         raise HTTPError(400, f"prompt: expected one of prompt or text, got {given}", param="prompt")
     prompt = req.prompt if req.prompt is not None else req.text
     texts = [prompt] if isinstance(prompt, str) else list(prompt or [])
-    if not texts:
-        raise HTTPError(400, "prompt: expected a text or a list of texts, got []", param="prompt")
     field = "prompt" if req.prompt is not None else "text"
-    size = sum(map(len, texts))
-    if size > MAX_CHARS:
+    if not texts:
+        raise HTTPError(400, f"{field}: expected a text or a list of texts, got []", param=field)
+    if sum(map(len, texts)) + PER_TEXT * len(texts) <= MAX_BYTES:  # (a character: 1-4 bytes)
+        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    else:
+        size = MAX_BYTES + 1
+    if size + PER_TEXT * len(texts) > MAX_BYTES:
         raise HTTPError(
             413,
-            f"{field}: at most {MAX_CHARS} characters of text per request, got {size}; "
-            "split the text and add the counts",
+            f"{field}: at most {MAX_BYTES} bytes of UTF-8 text per request, each text "
+            f"counting {PER_TEXT} more; got {len(texts)} text(s) of "
+            f"{'more than that' if size > MAX_BYTES else size}; split them across requests",
             param=field,
             code="text_too_long",
         )
@@ -65,7 +73,8 @@ async def tokenize(front: Front, ex: Exchange, body: bytes) -> None:
     }
     if req.return_token_strs:
         await front.tokens.ensure()
-        strs = [[front.tokens.vocab.piece(t) for t in one] for one in ids]
+        piece = front.tokens.vocab.piece
+        strs = await trio.to_thread.run_sync(lambda: [[piece(t) for t in one] for one in ids])
         out["token_strs"] = strs[0] if isinstance(prompt, str) else strs
     await ex.json(out)
 
@@ -76,20 +85,21 @@ async def detokenize(front: Front, ex: Exchange, body: bytes) -> None:
     single = not req.tokens or isinstance(req.tokens[0], int)
     lists = [cast(list[int], req.tokens)] if single else cast(list[list[int]], req.tokens)
     count = sum(map(len, lists))
-    if count > MAX_CHARS:
+    if count > MAX_BYTES:
         raise HTTPError(
             413,
-            f"tokens: at most {MAX_CHARS} token ids per request, got {count}; split them",
+            f"tokens: at most {MAX_BYTES} token ids per request, got {count}; split them",
             param="tokens",
             code="too_many_tokens",
         )
     await front.tokens.ensure()
-    texts = await trio.to_thread.run_sync(_decode, front, lists, single)
+    skip = bool(req.skip_special_tokens)
+    texts = await trio.to_thread.run_sync(_decode, front, lists, single, skip)
     text: str | list[str] = texts[0] if single else texts
     await ex.json({"prompt": text, "text": text})
 
 
-def _decode(front: Front, lists: list[list[int]], single: bool) -> list[str]:
+def _decode(front: Front, lists: list[list[int]], single: bool, skip: bool) -> list[str]:
     """Off the trio thread: a body's size allows millions of ids."""
     for k, ids in enumerate(lists):
         bad = next((t for t in ids if not 0 <= t < front.vocab_size), None)
@@ -100,4 +110,7 @@ def _decode(front: Front, lists: list[list[int]], single: bool) -> list[str]:
                 f"{field}: expected token ids in [0, {front.vocab_size}), got {bad}",
                 param=field,
             )
+    if skip:
+        specials = front.tokens.vocab.specials
+        lists = [[t for t in ids if t not in specials] for ids in lists]
     return [front.tokens.decode(ids) for ids in lists]

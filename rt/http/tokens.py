@@ -118,7 +118,9 @@ class Encoder:
         (``name``, the field the texts came in)."""
         async with self._lock:  # (held while it encodes: one text's memory at a time)
             if self._tokenizer is None:
-                self._tokenizer = await trio.to_thread.run_sync(load_tokenizer, self._path)
+                tokenizer = await trio.to_thread.run_sync(load_tokenizer, self._path)
+                tokenizer.model_max_length = 1 << 62  # (a text past the context is no warning)
+                self._tokenizer = tokenizer
             return await trio.to_thread.run_sync(self._encode, texts, add_special, name)
 
     def _encode(self, texts: list[str], add_special: bool, name: str) -> list[list[int]]:

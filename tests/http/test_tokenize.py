@@ -45,7 +45,9 @@ def test_tokenize_gives_the_engines_ids_and_detokenize_inverts_it(default_server
     back = post(default_server, "/detokenize", {"tokens": bare["tokens"]}).json()
     assert back == {"prompt": text, "text": text}  # vLLM's name and SGLang's
     with_bos = post(default_server, "/detokenize", {"tokens": out["tokens"]}).json()
-    assert with_bos["prompt"] == "<|bos|>" + text  # special tokens are kept
+    assert with_bos["prompt"] == "<|bos|>" + text  # special tokens are kept (vLLM's way)
+    skip = {"tokens": out["tokens"], "skip_special_tokens": True}  # SGLang's option
+    assert post(default_server, "/detokenize", skip).json()["text"] == text
 
 
 def test_a_list_of_texts_gives_a_list(default_server: Server) -> None:
@@ -61,13 +63,16 @@ def test_a_list_of_texts_gives_a_list(default_server: Server) -> None:
         ("/tokenize", {"messages": [{"role": "user", "content": "hi"}]}, 400, "messages: "),
         ("/tokenize", {"prompt": "a", "text": "b"}, 400, "one of prompt or text, got both"),
         ("/tokenize", {}, 400, "one of prompt or text, got neither"),
-        ("/tokenize", {"prompt": []}, 400, "a text or a list of texts"),
+        ("/tokenize", {"prompt": []}, 400, "prompt: expected a text or a list of texts"),
+        ("/tokenize", {"text": []}, 400, "text: expected a text or a list of texts"),
         ("/tokenize", rb'{"prompt": ["fine", "\ud800"]}', 400, "prompt[1]: the tokenizer could"),
         ("/tokenize", {"prompt": 5}, 400, "prompt: "),
         ("/tokenize", {"prompt": "a", "add_special": True}, 400, "add_special: unknown field"),
         ("/tokenize", {"prompt": "a", "model": "other"}, 404, "'other' does not exist"),
         # (a tokenizer holds ~250 bytes a token: 16 MiB of text took 4 GiB of the server)
-        ("/tokenize", {"text": ["ab" * (1 << 19), "c"]}, 413, "text: at most 1048576 char"),
+        ("/tokenize", {"text": ["ab" * (1 << 19), "c"]}, 413, "text: at most 1048576 bytes"),
+        ("/tokenize", {"prompt": "\U0001f600" * 300_000}, 413, "prompt: at most 1048576 bytes"),
+        ("/tokenize", {"prompt": [""] * 1100}, 413, "each text counting 1024 more; got 1100"),
         ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens: expected token ids in [0, 4096)"),
         ("/detokenize", {"tokens": [[1] * (1 << 20), [2]]}, 413, "at most 1048576 token ids"),
         ("/detokenize", {"tokens": [[1], [-1]]}, 400, "tokens[1]: expected token ids"),
