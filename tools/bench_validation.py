@@ -31,6 +31,11 @@ CASES = {
         "GenerateRequest",
         {"text": "x", "sampling_params": ["INT"]},
     ),
+    "sampling_params: empty objects": (
+        "GenerateRequest",
+        {"text": "x", "sampling_params": ["OBJ"]},
+    ),
+    "input_ids: empty lists": ("GenerateRequest", {"input_ids": ["LIST"]}),
     "logit_bias: bad values": ("CompletionRequest", {"prompt": "x", "logit_bias": "BIAS"}),
     "unknown keys": ("CompletionRequest", "KEYS"),
     "text: one long string (baseline)": ("GenerateRequest", {"text": "TEXT"}),
@@ -49,6 +54,8 @@ def body(spec):
     text = json.dumps(spec)
     text = text.replace('["NULL"]', "[" + ",".join(["null"] * (many // 3)) + "]")
     text = text.replace('["INT"]', "[" + ",".join(["1"] * many) + "]")
+    text = text.replace('["OBJ"]', "[" + ",".join(["{}"] * (many // 3 * 2)) + "]")
+    text = text.replace('["LIST"]', "[" + ",".join(["[]"] * (many // 3 * 2)) + "]")
     text = text.replace('"BIAS"', "{" + ",".join(f'"{i}":null' for i in range(size // 12)) + "}")
     return text.replace('"TEXT"', json.dumps("a" * size))
 data = body(spec).encode()

@@ -21,7 +21,7 @@ def test_it_measures_every_case_and_each_bad_body_is_refused() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     cases = json.loads(out.stdout)["cases"]
-    assert len(cases) == 9
+    assert len(cases) == 11
     for name, row in cases.items():
         assert row["bytes"] > 0.4 * (1 << 20) and row["seconds"] > 0 and row["grew_mb"] >= 0
         taken = "valid" in name or "baseline" in name
