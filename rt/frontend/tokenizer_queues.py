@@ -38,7 +38,8 @@ class TokenizerQueues:
         self._sent = [0] * workers  # frames sent to each tokenizer
         self._answered = [0] * workers  # the number of the latest one it answered
         self._news_at = [time.monotonic()] * workers  # when it last answered
-        self._of: dict[str, tuple[int, int]] = {}  # rid → (tokenizer, number) of its send
+        # rid → (tokenizer, number) of each of its sends not yet answered, in order
+        self._of: dict[str, list[tuple[int, int]]] = {}
         self._sending: set[str] = set()  # waiting for room (a full ring, /dev/shm, fds)
         self._incarnations = [1] * workers  # each worker's, as the last look saw it
 
@@ -64,17 +65,24 @@ class TokenizerQueues:
     def sent(self, worker: int, rid: str) -> None:
         self._sending.discard(rid)
         self._sent[worker] += 1
-        self._of[rid] = (worker, self._sent[worker])
+        self._of.setdefault(rid, []).append((worker, self._sent[worker]))
 
     def answered(self, rid: str, worker: int) -> None:
-        """``worker`` answered ``rid``: news of its queue. Its place in that queue is
-        credited only if its latest send went there (a late answer to a copy sent
-        before, by another worker, credited the worker of the latest one with a
-        number its queue had not reached: the requests before it there looked lost)."""
+        """``worker`` answered ``rid``: news of its queue, whose place moves to the
+        earliest send of ``rid`` there not yet answered (a ring is FIFO). A copy
+        the stall watch sent is a send of its own: the answer to the first must
+        not credit the copy's number, later in the queue (the requests between
+        them looked lost), and the copy's own answer is news of its queue."""
         self._news_at[worker] = time.monotonic()
-        sent = self._of.pop(rid, None)
-        if sent is not None and sent[0] == worker:
-            self._answered[worker] = max(self._answered[worker], sent[1])
+        sends = self._of.get(rid)
+        if not sends:
+            return
+        mine = next((s for s in sends if s[0] == worker), None)
+        if mine is not None:
+            sends.remove(mine)
+            self._answered[worker] = max(self._answered[worker], mine[1])
+        if not sends:
+            del self._of[rid]
 
     def forget(self, rid: str) -> None:
         """The request left before its answer: nothing waits for it any more."""
@@ -106,10 +114,10 @@ class TokenizerQueues:
         tokenizer at work and no other worker free to take a copy)?"""
         if rid in self._sending:
             return True
-        sent = self._of.get(rid)
-        if sent is None:
+        sends = self._of.get(rid)
+        if not sends:
             return False
-        worker, number = sent
+        worker, number = sends[-1]  # its latest send
         if self._answered[worker] >= number:
             return False
         if worker in at_work and len(at_work) >= self._workers:

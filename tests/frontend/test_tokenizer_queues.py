@@ -35,3 +35,19 @@ def test_an_answer_is_news_of_the_queue_it_came_from() -> None:
     queues.answered("a", worker=0)
     assert queues.queued("b", time.monotonic(), timeout=1.0)
     assert not queues.queued("a", time.monotonic(), timeout=1.0)  # answered: not waiting
+
+
+def test_a_copy_sent_to_the_same_worker_is_a_place_of_its_own() -> None:
+    """With one worker (the default) the stall watch's copy of R goes behind X in the
+    same queue: the answer to R's first send credited the copy's number, past X,
+    and X, still queued, looked lost."""
+    queues = TokenizerQueues(1)
+    queues.sent(0, "R")
+    queues.sent(0, "X")
+    queues.sent(0, "R")  # the copy
+    queues.answered("R", worker=0)  # the first send's answer
+    now = time.monotonic()
+    assert queues.queued("X", now, timeout=1.0)
+    queues.answered("X", worker=0)
+    queues.answered("R", worker=0)  # the copy's: credited, nothing of R left
+    assert not queues.queued("R", now, timeout=1.0) and not queues._of
