@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from rt.gpu.sampling_params import show
 from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta
@@ -251,7 +252,9 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
 def _message(message: Any) -> dict[str, Any]:
     """A chat message for the engine: a field set to null is not there, but for
     ``content`` (refused by name: rt has no tool calls to stand in for it)."""
-    out = message.model_dump(exclude_none=True)
+    given = {name: getattr(message, name) for name in type(message).model_fields}
+    given.update(message.model_extra or {})  # (shallow: model_dump copied every value
+    out = {k: v for k, v in given.items() if v is not None}  # of a 15 MiB content: 3 s)
     if "content" not in out and "content" in message.model_fields_set:
         out["content"] = None
     return out
@@ -368,13 +371,13 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     if req.modalities is not None and req.modalities != ["text"]:
         raise HTTPError(
             400,
-            f"modalities: only ['text'] is supported, got {req.modalities!r}",
+            f"modalities: only ['text'] is supported, got {show(req.modalities)}",
             param="modalities",
         )
     if req.response_format is not None and req.response_format != {"type": "text"}:
         raise HTTPError(
             400,
-            f"response_format: only {{'type': 'text'}} is supported, got {req.response_format!r}",
+            f"response_format: only {{'type': 'text'}} is supported, got {show(req.response_format)}",
             param="response_format",
         )
     if req.top_logprobs is not None and not req.logprobs:

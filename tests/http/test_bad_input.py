@@ -127,6 +127,18 @@ def test_bad_input_is_a_4xx_that_names_it(
     assert needle in error["message"], error
 
 
+def test_a_refused_value_is_quoted_short(client: httpx.Client) -> None:
+    """A refused response_format (or modalities) was quoted whole in the message: a
+    15 MiB value came back as a 15 MiB error."""
+    for field, value in (
+        ("response_format", {"type": "x" * 1_000_000}),
+        ("modalities", ["x"] * 1000),
+    ):
+        response = post(client, "/v1/chat/completions", {"messages": MSG, field: value})
+        assert response.status_code == 400 and len(response.text) < 1000, response.text[:300]
+        assert response.json()["error"]["param"] == field
+
+
 # (path, a bad body, where the error must say the fault is: its param; in a batch, its prompt)
 NAMED: list[tuple[str, Any, str]] = [
     ("/generate", {"input_ids": [[1], [2], [4096]], "sampling_params": ONE}, "input_ids[2][0]"),

@@ -144,17 +144,17 @@ def test_what_msgspec_refuses_is_the_standard_librarys_to_answer() -> None:
 
 MANY = 600_000  # items in each adversarial body below (2–4 MiB of JSON)
 ADVERSARIAL = [
-    ("CompletionRequest", {"prompt": ["NULL"]}, "prompt: expected str or list[str]"),
-    ("CompletionRequest", {"prompt": "x", "stop": ["INT"]}, "stop[0]: input should be a valid"),
-    ("ChatCompletionRequest", {"messages": ["INT"]}, "messages[0]: input should be a valid"),
-    ("GenerateRequest", {"input_ids": ["NULL"]}, "input_ids: expected list[int] or"),
-    ("GenerateRequest", {"text": "x", "sampling_params": ["INT"]}, "sampling_params[0]: "),
+    ("CompletionRequest", {"prompt": ["NULL"]}, "prompt: expected at most 65536 items"),
+    ("CompletionRequest", {"prompt": "x", "stop": ["INT"]}, "stop: expected at most 65536"),
+    ("ChatCompletionRequest", {"messages": ["INT"]}, "messages: expected at most 65536"),
+    ("GenerateRequest", {"input_ids": ["NULL"]}, "input_ids: expected at most 65536"),
+    ("GenerateRequest", {"text": "x", "sampling_params": ["INT"]}, "sampling_params: expected"),
     ("CompletionRequest", {"prompt": "x", "logit_bias": "BIAS"}, "logit_bias.0: input should"),
     ("CompletionRequest", "KEYS", "prompt: this field is required"),  # (as before)
     ("GenerateRequest", {"text": "x", "sampling_params": ["OBJ"]}, "expected at most 65536"),
     ("GenerateRequest", {"input_ids": ["LIST"]}, "input_ids: expected at most 65536 items"),
     ("GenerateRequest", {"text": "x", "sampling_params": "KEYS"}, "sampling_params.k0: unknown"),
-    ("TokenizeRequest", {"prompt": ["INT"]}, "prompt[0]: input should be a valid string"),
+    ("TokenizeRequest", {"prompt": ["INT"]}, "prompt: expected at most 65536 items"),
     ("CompletionRequest", {"prompt": ["INT"]}, "ok"),  # valid: ids
 ]
 PROBE = """
@@ -203,3 +203,34 @@ def test_a_huge_bad_body_is_refused_without_huge_memory() -> None:
     assert out["grew_mb"] < 300, out["grew_mb"]
     for (_, _, says), said in zip(ADVERSARIAL, out["said"], strict=True):
         assert says in said, (says, said)
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "says"),
+    [
+        # content parts take anything: a first item that is a number kept the rest unchecked
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "u", "content": [0] + [[]] * 70_000}]},
+            "messages[0].content: expected at most 65536 items, got 70001",
+        ),
+        # a message's own fields are kept as they are, so they are bounded too
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "u", "content": "x", "x": [[]] * 70_000}]},
+            "messages[0].x: expected at most 65536 items",
+        ),
+        (GenerateRequest, {"text": ["a"] * 70_000}, "text: expected at most 65536 items"),
+    ],
+)
+def test_long_lists_are_refused_before_pydantic_whatever_their_first_item(
+    model: type, body: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(HTTPError) as err:
+        parse(model, json.dumps(body).encode())
+    assert err.value.status == 400 and str(err.value).startswith(says)
+
+
+def test_a_long_list_of_token_ids_is_a_prompt_not_a_batch() -> None:
+    assert len(parse(CompletionRequest, {"prompt": [1] * 100_000}).prompt) == 100_000
+    assert len(parse(GenerateRequest, {"input_ids": [1] * 100_000}).input_ids or ()) == 100_000
