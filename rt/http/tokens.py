@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from rt.http.asgi import HTTPError
+from rt.tok.core import encode_each, unencodable
 from rt.tok.load import load_tokenizer
 
 BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
@@ -124,20 +125,10 @@ class Encoder:
             return await trio.to_thread.run_sync(self._encode, texts, add_special, name)
 
     def _encode(self, texts: list[str], add_special: bool, name: str) -> list[list[int]]:
-        try:
-            batch = self._tokenizer(texts, add_special_tokens=add_special)["input_ids"]
-        except Exception:  # find the text it fails on
-            for k, text in enumerate(texts):
-                try:
-                    self._tokenizer([text], add_special_tokens=add_special)
-                except Exception as err:
-                    field = name if len(texts) == 1 else f"{name}[{k}]"
-                    raise HTTPError(
-                        400,
-                        f"{field}: the tokenizer could not encode it ({type(err).__name__}: "
-                        f"{err}); expected text it can encode, such as valid Unicode without "
-                        "lone surrogates",
-                        param=field,
-                    ) from err
-            raise
-        return [list(ids) for ids in batch]
+        out = []
+        for k, ids in enumerate(encode_each(self._tokenizer, texts, add_special)):
+            if isinstance(ids, Exception):
+                field = name if len(texts) == 1 else f"{name}[{k}]"
+                raise HTTPError(400, f"{field}: {unencodable(ids)}", param=field) from ids
+            out.append(ids)
+        return out

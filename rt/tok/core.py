@@ -186,22 +186,10 @@ class TokenizerCore:
         out: dict[int, list[int] | Exception] = {}
         for add_special in (True, False):
             idx = [i for i in texts if plain[i] == add_special]
-            if not idx:
-                continue
-            try:
-                batch = self.tokenizer([texts[i] for i in idx], add_special_tokens=add_special)
-                out.update(zip(idx, map(list, batch["input_ids"]), strict=True))
-            except Exception:
-                for i in idx:
-                    out[i] = self._encode_one(texts[i], add_special)
+            if idx:
+                ids = encode_each(self.tokenizer, [texts[i] for i in idx], add_special)
+                out.update(zip(idx, ids, strict=True))
         return out
-
-    def _encode_one(self, text: str, add_special: bool) -> list[int] | Exception:
-        try:
-            (ids,) = self.tokenizer([text], add_special_tokens=add_special)["input_ids"]
-            return list(ids)
-        except Exception as err:
-            return err
 
     def _validate(self, req: GenerateRequest, ids: list[int]) -> tuple[Scheduled, Tokenized]:
         if not ids:
@@ -280,6 +268,23 @@ class TokenizerCore:
             f"the prompt has {size} tokens and max_new_tokens is {sampling.max_new_tokens}, "
             f"together over the context length {self.context_length}; {advice}"
         )
+
+
+def encode_each(tokenizer: Any, texts: list[str], add_special: bool) -> list[list[int] | Exception]:
+    """Each text's ids, in one tokenizer call; if it raises, text by text, to find the
+    texts it fails on: each one's ids, or what encoding it alone raised."""
+    try:
+        return [list(ids) for ids in tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
+    except Exception:
+        return [_encode_one(tokenizer, text, add_special) for text in texts]
+
+
+def _encode_one(tokenizer: Any, text: str, add_special: bool) -> list[int] | Exception:
+    try:
+        (ids,) = tokenizer([text], add_special_tokens=add_special)["input_ids"]
+        return list(ids)
+    except Exception as err:
+        return err
 
 
 def refuse(rid: str, err: RequestError) -> Refused:
