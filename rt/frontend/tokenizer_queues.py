@@ -85,7 +85,8 @@ class TokenizerQueues:
             del self._of[rid]
 
     def forget(self, rid: str) -> None:
-        """The request left before its answer: nothing waits for it any more."""
+        """The request left (its caller is done): nothing waits for it any more, and
+        a copy of it still queued somewhere is no one's place to credit."""
         self._of.pop(rid, None)
 
     def at_work(self, status: SupervisorStatus) -> set[int]:

@@ -309,12 +309,12 @@ def _prepared(model: type[BaseModel], obj: dict[str, Any], at: tuple[Any, ...]) 
     event loop and 268 MB for a 1 MiB list of empty objects); of the keys the model
     does not take, only the first is kept (pydantic reported each: 1.3 GiB for 16 MiB
     of them), so its first error, and the message, are what they were."""
-    fields, out = model.model_fields, obj
-    if model.model_config.get("extra") == "forbid":
+    fields, out, extra = model.model_fields, obj, model.model_config.get("extra")
+    if extra == "forbid":
         unknown = [k for k in obj if k not in fields]
         if len(unknown) > 1:
             out = {k: v for k, v in obj.items() if k in fields or k == unknown[0]}
-    if model.model_config.get("extra") == "allow":  # (kept as they are: of any length)
+    elif extra == "allow":  # (kept as they are: of any length)
         for name, value in out.items():
             if name not in fields and isinstance(value, list):
                 _check_length(value, (*at, name), False)

@@ -3,8 +3,8 @@
 ``/tokenize`` encodes text with the tokenizer the engine's workers load
 (``rt.tok.load``, the same call with the same ``add_special_tokens``), so its
 ids are the ones a completion of that text would be given. It runs in the
-main process, in a worker thread (loaded on first use); a text is bounded by
-the body's size limit. Chat messages are not taken: a chat template is code
+main process, in a worker thread (loaded on first use), one request at a
+time, within a budget (below). Chat messages are not taken: a chat template is code
 whose render needs the tokenizer worker's time limit, which only the
 worker's own thread has (``rt/tok/timelimit.py``).
 
@@ -28,10 +28,10 @@ from rt.http.schemas import DetokenizeRequest, TokenizeRequest, parse
 # A tokenizer holds ~250 bytes per token of what it encodes (offsets, strings), and
 # ~1.6 KB per text: 16 MiB of text took 4 GiB of the server's memory and 18 s. So a
 # request's texts are bounded in UTF-8 bytes (a byte-level tokenizer makes at most a
-# token of each), each text counting PER_TEXT more, and encoded one request at a time;
-# ids to decode, likewise.
+# token of each), each text counting PER_TEXT more; and the ids to decode.
 MAX_BYTES = 1 << 20
 PER_TEXT = 1 << 10
+MAX_IDS = 1 << 20
 
 
 async def tokenize(front: Front, ex: Exchange, body: bytes) -> None:
@@ -52,16 +52,15 @@ async def tokenize(front: Front, ex: Exchange, body: bytes) -> None:
     field = "prompt" if req.prompt is not None else "text"
     if not texts:
         raise HTTPError(400, f"{field}: expected a text or a list of texts, got []", param=field)
-    if sum(map(len, texts)) + PER_TEXT * len(texts) <= MAX_BYTES:  # (a character: 1-4 bytes)
-        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-    else:
-        size = MAX_BYTES + 1
-    if size + PER_TEXT * len(texts) > MAX_BYTES:
+    cost = PER_TEXT * len(texts) + sum(map(len, texts))  # (a character is 1 to 4 bytes)
+    if cost <= MAX_BYTES:  # (counted in bytes only then: a 16 MiB text is over at once)
+        cost = PER_TEXT * len(texts) + sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    if cost > MAX_BYTES:
         raise HTTPError(
             413,
             f"{field}: at most {MAX_BYTES} bytes of UTF-8 text per request, each text "
-            f"counting {PER_TEXT} more; got {len(texts)} text(s) of "
-            f"{'more than that' if size > MAX_BYTES else size}; split them across requests",
+            f"counting {PER_TEXT} more; got {len(texts)} text(s) over that; split them "
+            "across requests",
             param=field,
             code="text_too_long",
         )
@@ -85,10 +84,10 @@ async def detokenize(front: Front, ex: Exchange, body: bytes) -> None:
     single = not req.tokens or isinstance(req.tokens[0], int)
     lists = [cast(list[int], req.tokens)] if single else cast(list[list[int]], req.tokens)
     count = sum(map(len, lists))
-    if count > MAX_BYTES:
+    if count > MAX_IDS:
         raise HTTPError(
             413,
-            f"tokens: at most {MAX_BYTES} token ids per request, got {count}; split them",
+            f"tokens: at most {MAX_IDS} token ids per request, got {count}; split them",
             param="tokens",
             code="too_many_tokens",
         )

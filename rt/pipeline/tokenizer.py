@@ -150,7 +150,8 @@ class TokenizerActor(Actor):
         if sum(_size(req) for req in batch) > THREAD_CHARS:
             # A long text takes the tokenizer seconds: off the trio thread, so that
             # aborts and heartbeats go on; the batch must still end within the
-            # watchdog timeout (work on requests in hand counts from its start).
+            # watchdog timeout (work on requests in hand counts from its start, or
+            # from its last chat render's).
             results = await trio.to_thread.run_sync(self.core.encode, batch, texts)
         else:
             results = self.core.encode(batch, texts)
