@@ -21,6 +21,8 @@ from rt.tok.load import load_tokenizer
 NULL: dict[str, object] = dict(device="cpu", load_format="null", torch_threads=1)
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}[you]"
 CHAT = [{"role": "user", "content": "hello"}]
+# a template that loops on a variable the client sets (reps² iterations)
+LOOPING = "{% for i in range(reps) %}{% for j in range(reps) %}{% endfor %}{% endfor %}"
 
 
 async def rendered(engine: rt.Engine, **options: object) -> str:
@@ -65,8 +67,7 @@ async def test_a_template_looping_on_a_client_variable_is_refused_alone_at_its_l
     with the defaults), and a one-worker server served nobody meanwhile. Its render
     now stops at a quarter of the watchdog's timeout: that request alone gets a 400
     saying so, no worker dies, and a request sent beside it is served."""
-    looping = "{% for i in range(reps) %}{% for j in range(reps) %}{% endfor %}{% endfor %}"
-    options = dict(NULL, chat_template=looping + TEMPLATE, watchdog_timeout=4.0)
+    options = dict(NULL, chat_template=LOOPING + TEMPLATE, watchdog_timeout=4.0)
     async with rt.open_engine(**options) as engine:
         done: list[str] = []
 
@@ -101,15 +102,14 @@ async def test_a_batch_of_slow_renders_each_within_the_limit_is_served() -> None
     """Each render is one unit of the watchdog's count (the limit bounds it), not the
     whole batch: 40 renders of ~0.2 s, batched, take longer together than the
     watchdog's 4 s, and every one is served with no worker killed."""
-    looping = "{% for i in range(reps) %}{% for j in range(reps) %}{% endfor %}{% endfor %}"
     tokenizer = load_tokenizer(str(default_model_path()))
-    tokenizer.chat_template = looping + TEMPLATE
+    tokenizer.chat_template = LOOPING + TEMPLATE
     reps, took = 100, 0.0
     while took < 0.05:  # iterations grow as reps²: scale to ~0.2 s from a measured render
         reps *= 2
         took = min(render_time(tokenizer, reps) for _ in range(3))
     reps = int(reps * (0.2 / took) ** 0.5)
-    options = dict(NULL, chat_template=looping + TEMPLATE, watchdog_timeout=4.0)
+    options = dict(NULL, chat_template=LOOPING + TEMPLATE, watchdog_timeout=4.0)
     async with rt.open_engine(**options, tokenizer_batch_wait_ms=500) as engine:
         served: list[int] = []
 
@@ -128,9 +128,6 @@ async def test_a_batch_of_slow_renders_each_within_the_limit_is_served() -> None
         # machine than the calibration saw; each render has 5x to its 1 s limit)
         assert time.monotonic() - start > 4.0
         assert engine.supervisor.status().actor("tokenizer0").restart_count == 0
-
-
-LOOPING = "{% for i in range(reps) %}{% for j in range(reps) %}{% endfor %}{% endfor %}"
 
 
 @pytest.mark.slow
