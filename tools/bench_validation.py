@@ -37,6 +37,8 @@ CASES = {
     ),
     "input_ids: empty lists": ("GenerateRequest", {"input_ids": ["LIST"]}),
     "logit_bias: bad values": ("CompletionRequest", {"prompt": "x", "logit_bias": "BIAS"}),
+    "logit_bias: many entries": ("CompletionRequest", {"prompt": "x", "logit_bias": "MANY"}),
+    "metadata: many entries": ("ChatCompletionRequest", {"messages": [], "metadata": "META"}),
     "unknown keys": ("CompletionRequest", "KEYS"),
     "text: one long string (baseline)": ("GenerateRequest", {"text": "TEXT"}),
 }
@@ -57,6 +59,8 @@ def body(spec):
     text = text.replace('["OBJ"]', "[" + ",".join(["{}"] * (many // 3 * 2)) + "]")
     text = text.replace('["LIST"]', "[" + ",".join(["[]"] * (many // 3 * 2)) + "]")
     text = text.replace('"BIAS"', "{" + ",".join(f'"{i}":null' for i in range(size // 12)) + "}")
+    text = text.replace('"MANY"', "{" + ",".join(f'"{i}":1.0' for i in range(size // 14)) + "}")
+    text = text.replace('"META"', "{" + ",".join(f'"{i}":""' for i in range(size // 12)) + "}")
     return text.replace('"TEXT"', json.dumps("a" * size))
 data = body(spec).encode()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

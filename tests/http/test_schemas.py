@@ -156,6 +156,17 @@ def test_what_msgspec_refuses_is_the_standard_librarys_to_answer() -> None:
             "messages[0].x: expected at most 65536 items",
         ),
         (GenerateRequest, {"text": ["a"] * 70_000}, "text: expected at most 65536 items"),
+        # dicts too: each entry valid, so pydantic would have built them all
+        (
+            CompletionRequest,
+            {"prompt": "x", "logit_bias": {str(i): 1.0 for i in range(70_000)}},
+            "logit_bias: expected at most 65536 items, got 70000",
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "u", "content": "x", "x": {str(i): 0 for i in range(70_000)}}]},
+            "messages[0].x: expected at most 65536 items",
+        ),
     ],
 )
 def test_long_lists_are_refused_before_pydantic_whatever_their_first_item(

@@ -25,7 +25,7 @@ def test_every_case_is_measured_and_none_costs_much_memory() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     cases = json.loads(out.stdout)["cases"]
-    assert len(cases) == 11
+    assert len(cases) == 13
     for name, row in cases.items():
         assert row["bytes"] > 1.5 * (1 << 20) and row["seconds"] > 0, (name, row)
         assert row["grew_mb"] < 300, (name, row)
