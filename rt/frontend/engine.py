@@ -94,6 +94,7 @@ class Engine:
         self._from_detok = in_("detok-front")
         self.controls = Controls()  # what the sync code sends
         self._waiters: dict[str, trio.MemorySendChannel[Update | Refused]] = {}
+        self._tokenizing: dict[str, trio.Event] = {}  # set when that rid's ids come, or it ends
         self._closing = False  # the rings are closing: nothing more is sent
         self.refusing = False  # a drain: new requests are refused, the rest goes on
         self._holds = 0  # callers answering for requests that left the table (hold())
@@ -289,8 +290,25 @@ class Engine:
             "(restart_wait_timeout); try again later"
         )
 
+    async def _tokenized(self, rid: str) -> bool:
+        """Wait until the request ``rid`` has its prompt's ids (the tokenizer took it,
+        within the context: True), or it ended without them (refused, aborted: False)."""
+        while True:
+            record = self.table.records.get(rid)
+            if record is not None and record.input_ids is not None and record.error is None:
+                return True
+            if record is None or record.finished:
+                return False
+            await self._tokenizing.setdefault(rid, trio.Event()).wait()
+
+    def _wake_tokenized(self, rid: str) -> None:
+        event = self._tokenizing.pop(rid, None)
+        if event is not None:
+            event.set()
+
     def _leave(self, rid: str) -> None:
         """The caller is done with ``rid``: it leaves the table, aborted if unfinished."""
+        self._wake_tokenized(rid)
         record = self.table.remove(rid)
         waiter = self._waiters.pop(rid, None)
         if waiter is not None:
@@ -319,6 +337,7 @@ class Engine:
             self._queue(self._to_detok, CloseStream(stream_key(record.rid, i)))
 
     def _fail(self, refused: Refused) -> None:
+        self._wake_tokenized(refused.rid)
         record = self.table.on_refused(refused)
         if record is not None and record.error is refused:
             self._close_streams(record)
@@ -334,6 +353,7 @@ class Engine:
                 record = self.table.on_tokenized(msg)
                 if record is None:
                     continue
+                self._wake_tokenized(msg.rid)
                 record.progress_at = time.monotonic()
                 self._open_streams(record)
                 if record.sent_epoch != self._epoch and not record.held:

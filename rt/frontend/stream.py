@@ -46,6 +46,7 @@ class Stream:
         # left, or collected): a drain then waits for a reader still handling the
         # last chunk, whose request is no longer live
         self._hold = contextlib.ExitStack()
+        self._submitted = trio.Event()  # sent to the engine (or closed before)
 
     def __aiter__(self) -> Stream:
         return self
@@ -73,6 +74,7 @@ class Stream:
             if self._updates is None:
                 self._hold.enter_context(self._engine.hold())
                 self._updates = await self._engine._submit(self._req, self.rid)
+                self._submitted.set()
                 if self._done:  # closed by another task while it was being submitted
                     self._engine._leave(self._req.rid)
                     raise StopAsyncIteration
@@ -172,9 +174,19 @@ class Stream:
         record = self._engine.table.records.get(self._req.rid)
         return record is None or record.finished
 
+    async def tokenized(self) -> bool:
+        """Wait until the engine has taken the prompt: tokenized, within the context
+        (True); False if the request ended without (refused, aborted, closed). The
+        request is sent by the task that reads the stream: this waits for that too."""
+        await self._submitted.wait()
+        if self._updates is None:  # closed before it was sent
+            return False
+        return await self._engine._tokenized(self._req.rid)
+
     def close(self) -> None:
         """Stop: abort the request if it has not finished. A stream closed before
         its first chunk takes its counts from the table (its prompt's tokens)."""
+        self._submitted.set()  # (a task waiting in tokenized() sees it closed)
         if not self._done:
             self.cut = not self.ended
             self._done = True

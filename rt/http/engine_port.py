@@ -68,6 +68,10 @@ class EngineStream:
     async def aclose(self) -> None:
         await self._stream.aclose()
 
+    async def tokenized(self) -> bool:
+        """Wait until the engine has taken the prompt (True), or refused it (False)."""
+        return bool(await self._stream.tokenized())
+
     @property
     def ended(self) -> bool:
         """The engine is done with the request (its chunks may still be unread),

@@ -86,16 +86,40 @@ class Result:
 OnDelta = Callable[[int, Delta, Result], Awaitable[None]]
 
 
+class Taken:
+    """Set once the engine has taken every job's prompt (tokenized, within the
+    context), each known by its ids or its first token: a stream of several
+    prompts waits for it before its status line, so that one prompt the engine
+    refuses makes a plain 4xx whichever prompt's first token came first."""
+
+    def __init__(self, jobs: int) -> None:
+        self._left = set(range(jobs))
+        self.event = trio.Event()
+
+    def one(self, i: int) -> None:
+        self._left.discard(i)
+        if not self._left:
+            self.event.set()
+
+
+async def _watch_taken(stream: EngineStream, i: int, taken: Taken, scope: trio.CancelScope) -> None:
+    with scope:
+        if await stream.tokenized():
+            taken.one(i)
+
+
 async def run(
     front: Front,
     jobs: list[Job],
     on_delta: OnDelta | None = None,
     rename: dict[str, str] | None = None,
     limited: bool = True,
+    taken: Taken | None = None,
 ) -> list[Result]:
     """Run every job; the results in the jobs' order. The first error (an
     HTTPError, or the engine's mapped by :func:`http_error` with ``rename``)
-    cancels the others and is raised. ``limited``: subject to the queue limit."""
+    cancels the others and is raised. ``limited``: subject to the queue limit.
+    ``taken``: told of each job whose prompt the engine has taken."""
     results: list[Result | None] = [None] * len(jobs)
     failures: list[HTTPError] = []
     with front.admit(sum(_samples(job) for job in jobs) if limited else 0) as admission:
@@ -111,7 +135,8 @@ async def run(
                     rename,
                     results,
                     failures,
-                    nursery.cancel_scope,
+                    nursery,
+                    taken,
                 )
     if failures:
         raise failures[0]
@@ -127,7 +152,8 @@ async def _run_one(
     rename: dict[str, str] | None,
     results: list[Result | None],
     failures: list[HTTPError],
-    cancel_all: trio.CancelScope,
+    nursery: trio.Nursery,
+    taken: Taken | None,
 ) -> None:
     n = job.options.get("n", 1)  # not validated yet: the engine refuses a bad one below
     result = Result(
@@ -137,6 +163,9 @@ async def _run_one(
         with front.track(job.rid, job.batch) as tracked:
             stream = tracked.stream = EngineStream(front.engine, job.prompt, job.options)
             admission.watch(stream, _samples(job))
+            watching = trio.CancelScope()
+            if taken is not None:
+                nursery.start_soon(_watch_taken, stream, i, taken, watching)
             try:
                 with tracked.scope:
                     async for delta in stream:
@@ -150,6 +179,8 @@ async def _run_one(
                             result.kept_ids = stream.kept_ids
                         result.prompt_tokens = stream.prompt_tokens
                         result.cached_tokens = stream.cached_tokens
+                        if taken is not None:
+                            taken.one(i)
                         if on_delta is not None:
                             await on_delta(i, delta, result)
             except trio.Cancelled:  # the client left, or a sibling failed
@@ -157,6 +188,7 @@ async def _run_one(
                     tracked.abort_cause = tracked.abort_cause or "cancelled"
                 raise
             finally:
+                watching.cancel()
                 await stream.aclose()
             result.aborted = tracked.abort_cause
             result.prompt_tokens = stream.prompt_tokens
@@ -169,7 +201,7 @@ async def _run_one(
         failures.append(
             in_batch(err if isinstance(err, HTTPError) else http_error(err, rename), job)
         )
-        cancel_all.cancel()
+        nursery.cancel_scope.cancel()
         return
     results[i] = result
 

@@ -2,9 +2,10 @@
 OpenAI endpoints: each endpoint says what events a delta makes and what comes
 after the last one; this sends them, in order, and ends with ``data: [DONE]``.
 
-The status line waits for the first delta, so that a request the engine
-refuses (a prompt over the context, say) is still a plain 4xx. An error after
-that is an event ``{"error": {...}}`` before ``[DONE]``. The client leaving
+The status line waits for the first delta, and with several prompts (a
+batch) until the engine has taken each, so that a request the engine refuses
+(a prompt over the context, say) is still a plain 4xx. An error after that is
+an event ``{"error": {...}}`` before ``[DONE]``. The client leaving
 cancels every generation of the request at once.
 
 Each event a delta makes carries ``stepped_at`` (an rt extension, beside the
@@ -24,7 +25,7 @@ from rt.groups import made_of
 from rt.http.asgi import Exchange, HTTPError, last_word
 from rt.http.engine_port import Delta
 from rt.http.front import Front
-from rt.http.generation import Job, Result, run
+from rt.http.generation import Job, Result, Taken, run
 
 EventsOf = Callable[[int, Delta, Result], list[Any]]
 TailOf = Callable[[list[Result]], list[Any]]
@@ -39,8 +40,11 @@ async def stream(
     rename: dict[str, str] | None = None,
 ) -> None:
     lock = trio.Lock()  # the jobs' tasks take turns on the response
+    taken = Taken(len(jobs)) if len(jobs) > 1 else None
 
     async def on_delta(i: int, delta: Delta, result: Result) -> None:
+        if taken is not None and not ex.started:
+            await taken.event.wait()
         events = events_of(i, delta, result)
         for event in events:
             if isinstance(event, dict):
@@ -59,7 +63,7 @@ async def stream(
 
     try:
         async with ex.cancel_on_disconnect():
-            results = await run(front, jobs, on_delta, rename)
+            results = await run(front, jobs, on_delta, rename, taken=taken)
     except HTTPError as err:
         if not ex.started:
             raise

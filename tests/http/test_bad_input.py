@@ -127,6 +127,27 @@ def test_bad_input_is_a_4xx_that_names_it(
     assert needle in error["message"], error
 
 
+@pytest.mark.parametrize(
+    ("path", "field", "extra"),
+    [
+        ("/v1/completions", "prompt", {"max_tokens": 4}),
+        ("/generate", "text", {"sampling_params": {"max_new_tokens": 4}}),
+    ],
+)
+def test_a_streamed_batch_with_one_prompt_over_the_context_is_a_plain_400(
+    client: httpx.Client, path: str, field: str, extra: dict[str, Any]
+) -> None:
+    """The status line waited for the first token of any prompt: a short prompt's
+    could come before the long one's refusal, and the answer was then a 200 with an
+    error event, a third of the time. It now waits until the engine has taken every
+    prompt, as vLLM checks them all before its stream starts."""
+    body = {field: ["a"] * 16 + ["x y " * 1500], "stream": True, **extra}
+    for _ in range(6):
+        response = post(client, path, body)
+        assert response.status_code == 400, response.text[:300]
+        assert response.json()["error"]["param"] == f"{field}[16]"
+
+
 def test_a_refused_value_is_quoted_short(client: httpx.Client) -> None:
     """A refused response_format (or modalities) was quoted whole in the message: a
     15 MiB value came back as a 15 MiB error."""
