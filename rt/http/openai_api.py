@@ -238,6 +238,8 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                             seq.top_logprobs,
                             TextCursor(len(echoes[i])),
                             skip_special,
+                            None if skip_special else seq.text,
+                            len(echoes[i]),
                         ),
                     )
                     if req.logprobs is not None
@@ -304,6 +306,8 @@ async def _stream_completions(
                 delta.top_logprobs or (),
                 offsets.setdefault(index, TextCursor()),
                 skip_special,
+                None if skip_special else seq.text,
+                len(echoes[index // n]),
             )
             if echo is not None:
                 logprobs = with_echo(echo_logprobs(front, echo, echoes[index // n]), logprobs)

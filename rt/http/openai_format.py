@@ -30,6 +30,7 @@ class TextCursor:
 
     def __init__(self, at: int = 0) -> None:
         self.at = at
+        self.near = False  # the last token was a special token the text shows
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def advance(self, data: bytes) -> None:
@@ -43,17 +44,19 @@ def completion_logprobs(
     tops: Sequence[TopLogprobs],
     cursor: TextCursor,
     skip_special: bool,
+    choice_text: str | None = None,
+    base: int = 0,
 ) -> dict[str, Any]:
     """The legacy completions format; ``cursor``: where these tokens' text starts in
-    the choice's text (see text_offsets), moved past them. ``top_logprobs`` holds
-    each token's own logprob and its best alternatives', as OpenAI's: with
-    ``logprobs=0``, the token's alone."""
+    the choice's text (see text_offsets, with ``choice_text`` and ``base``), moved
+    past them. ``top_logprobs`` holds each token's own logprob and its best
+    alternatives', as OpenAI's: with ``logprobs=0``, the token's alone."""
     text = front.tokens.text
     return {
         "tokens": [text(t) for t in ids],
         "token_logprobs": list(logprobs),
         "top_logprobs": _tops(front, ids, logprobs, tops),
-        "text_offset": text_offsets(front, ids, cursor, skip_special),
+        "text_offset": text_offsets(front, ids, cursor, skip_special, choice_text, base),
     }
 
 
@@ -76,19 +79,35 @@ def text_offsets(
     cursor: TextCursor,
     skip_special: bool,
     text: str | None = None,
+    base: int = 0,
 ) -> list[int]:
     """Where each token starts in the choice's text (``cursor`` moved past them):
     each token is as long as its own bytes decode to, but a special token the text
     leaves out is not there at all (an output's, with ``skip_special``; the BOS
-    the tokenizer put before an echoed ``text``, which does not hold it)."""
+    the tokenizer put before an echoed ``text``, which does not hold it). With
+    ``text`` (the choice's text from ``base`` on, or so much of it as has come),
+    a special token is there if the text has it, and the space the detokenizer
+    puts on either side of one (``spaces_between_special_tokens``) is passed over."""
     offsets = []
     for t in ids:
+        special = front.tokens.special(t)
+        token = front.tokens.text(t) if special else None
+        if text is not None and (cursor.near or special):
+            at = cursor.at - base
+            piece = (
+                token
+                if token is not None
+                else bytes(front.tokens.bytes(t)).decode("utf-8", "replace")
+            )
+            if piece and not text.startswith(piece, at) and text.startswith(" " + piece, at):
+                cursor.at += 1  # the space set between a special token and its neighbour
         offsets.append(cursor.at)
-        if front.tokens.special(t):
-            token = front.tokens.text(t)
-            shown = not skip_special if text is None else text.startswith(token, cursor.at)
+        cursor.near = False
+        if token is not None:
+            shown = not skip_special if text is None else text.startswith(token, cursor.at - base)
             if shown:
                 cursor.advance(token.encode())
+                cursor.near = True
             continue
         cursor.advance(bytes(front.tokens.bytes(t)))
     return offsets

@@ -184,3 +184,29 @@ def test_offsets_place_the_pieces_of_a_character_where_the_character_starts(
     )
     chunks = [e["choices"][0] for e in streamed(http, "/v1/completions", body) if e["choices"]]
     assert [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]] == offsets
+
+
+def test_offsets_pass_over_the_spaces_set_around_a_shown_special_token(
+    http: httpx.Client,
+) -> None:
+    """With ``skip_special_tokens: false`` the text sets each special token apart by
+    spaces (``spaces_between_special_tokens``): the special token and every token
+    after it used to point a character early for each one."""
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    user = tokenizer.token_to_id("<|user|>")
+    base = {
+        "prompt": "And God said",
+        "max_tokens": 10,
+        "temperature": 0,
+        "logprobs": 0,
+        "logit_bias": {str(user): 9},
+        "skip_special_tokens": False,
+        "ignore_eos": True,
+    }
+    for body in (base, {**base, "echo": True}):
+        whole = http.post("/v1/completions", json=body).json()["choices"][0]
+        assert " <|user|> " in whole["text"]
+        assert_offsets_place_tokens(whole["text"], whole["logprobs"], {"<|bos|>"})
+        chunks = [e["choices"][0] for e in streamed(http, "/v1/completions", body) if e["choices"]]
+        offsets = [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+        assert offsets == whole["logprobs"]["text_offset"]
