@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import uuid
 from typing import Any
@@ -106,6 +107,32 @@ async def server_info(front: Front, ex: Exchange) -> None:
                 }
                 for a in front.engine.actors()
             ],
+        }
+    )
+
+
+async def model_info(front: Front, ex: Exchange) -> None:
+    """SGLang's ``/get_model_info``: what its clients (``sglang.RuntimeEndpoint``)
+    read when they connect."""
+    options = front.engine.options
+    path = options.resolved_model_path()
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        config = {}
+    config = config if isinstance(config, dict) else {}
+    await ex.json(
+        {
+            "model_path": path,
+            "tokenizer_path": options.resolved_tokenizer_path(),
+            "is_generation": True,
+            "preferred_sampling_params": front.engine.sampling_defaults or None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": config.get("model_type"),
+            "architectures": config.get("architectures"),
         }
     )
 

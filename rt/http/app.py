@@ -61,6 +61,8 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/health_generate"): Route(admin.health_generate, "Generate one token"),
     ("GET", "/server_info"): Route(admin.server_info, "Configuration, model, actors"),
     ("GET", "/get_server_info"): Route(admin.server_info, "Alias of /server_info (SGLang)"),
+    ("GET", "/get_model_info"): Route(admin.model_info, "The model's path and kind (SGLang)"),
+    ("GET", "/model_info"): Route(admin.model_info, "Alias of /get_model_info (SGLang)"),
     ("GET", "/metrics"): Route(admin.metrics, "Prometheus metrics"),
     ("POST", "/abort_request"): Route(admin.abort_request, "Abort by rid", body=True),
     ("POST", "/flush_cache"): Route(admin.flush_cache, "Flush the prefix cache"),

@@ -88,6 +88,17 @@ async def test_health_is_503_while_an_actor_is_stopped_long_before_the_watchdog(
     assert actors() == before  # back by itself: nothing restarted
 
 
+def test_get_model_info_answers_what_sglangs_client_reads(default_server: Server) -> None:
+    """SGLang's RuntimeEndpoint reads /get_model_info as it connects (it was a 404)."""
+    info = default_server.info()
+    for path in ("/get_model_info", "/model_info"):
+        model = httpx.get(default_server.url + path, timeout=30).json()
+        assert model["model_path"] == info["model"]["path"]
+        assert model["tokenizer_path"] == info["model"]["path"]  # (the model's own)
+        assert model["is_generation"] is True
+        assert model["architectures"] == ["LlamaForCausalLM"] and model["model_type"] == "llama"
+
+
 def test_server_info(default_server: Server) -> None:
     info = default_server.info()
     assert info["version"]
