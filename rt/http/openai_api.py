@@ -20,6 +20,7 @@ from rt.http.engine_port import Delta
 from rt.http.front import Front
 from rt.http.generation import Job, Result, Seq, run
 from rt.http.openai_format import (
+    ChunkUsage,
     TextCursor,
     chat_logprobs,
     completion_logprobs,
@@ -290,8 +291,7 @@ async def _stream_completions(
     skip_special: bool,
 ) -> None:
     offsets: dict[int, TextCursor] = {}  # where the next token's text starts, per choice
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
-    extra = {"usage": None} if include_usage else {}
+    extra = ChunkUsage(req.stream_options)
 
     def choice(
         index: int, text: str, seq: Seq, delta: Delta | None, finish: str | None, echo: Any = None
@@ -331,7 +331,7 @@ async def _stream_completions(
         event = {
             **head,
             "choices": [choice(index, text, seq, delta, delta.finish_reason, echo)],
-            **extra,
+            **extra(result, seq),
         }
         return [event]
 
@@ -341,9 +341,13 @@ async def _stream_completions(
             for j, seq in enumerate(result.seqs):
                 if seq.finish_reason is None and result.aborted:
                     events.append(
-                        {**head, "choices": [choice(i * n + j, "", seq, None, "abort")], **extra}
+                        {
+                            **head,
+                            "choices": [choice(i * n + j, "", seq, None, "abort")],
+                            **extra(result, seq),
+                        }
                     )
-        if include_usage:
+        if extra.last:
             events.append({**head, "choices": [], "usage": usage(results)})
         return events
 
@@ -372,6 +376,9 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     for name in ("tools", "tool_choice", "functions", "function_call"):
         if getattr(req, name) not in (None, [], "none"):  # no tools, or none to call: as asked
             raise HTTPError(400, f"{name}: not supported (rt has no tool calling yet)", param=name)
+    for name, what in (("audio", "audio output"), ("web_search_options", "web search")):
+        if getattr(req, name) is not None:
+            raise HTTPError(400, f"{name}: not supported (rt has no {what})", param=name)
     if req.modalities is not None and req.modalities != ["text"]:
         raise HTTPError(
             400,
@@ -443,8 +450,7 @@ async def _stream_chat(
     rename: dict[str, str],
 ) -> None:
     started: set[int] = set()
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
-    extra = {"usage": None} if include_usage else {}
+    extra = ChunkUsage(req.stream_options)
 
     def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
         message: dict[str, Any] = {"content": delta.text}
@@ -464,7 +470,7 @@ async def _stream_chat(
             "finish_reason": delta.finish_reason,
             "matched_stop": seq.matched_stop if delta.finish_reason else None,
         }
-        return [{**head, "choices": [choice], **extra}]
+        return [{**head, "choices": [choice], **extra(result, seq)}]
 
     def tail_of(results: list[Result]) -> list[Any]:
         result = results[0]
@@ -472,12 +478,12 @@ async def _stream_chat(
             {
                 **head,
                 "choices": [{"index": j, "delta": {}, "logprobs": None, "finish_reason": "abort"}],
-                **extra,
+                **extra(result, seq),
             }
             for j, seq in enumerate(result.seqs)
             if seq.finish_reason is None and result.aborted
         ]
-        if include_usage:
+        if extra.last:
             events.append({**head, "choices": [], "usage": usage(results)})
         return events
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from rt.http.engine_port import Prompt, TopLogprobs
 from rt.http.front import Front
-from rt.http.generation import Result
+from rt.http.generation import Result, Seq
 
 
 def usage(results: list[Result]) -> dict[str, Any]:
@@ -20,6 +20,33 @@ def usage(results: list[Result]) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in results)},
     }
+
+
+def seq_usage(result: Result, seq: Seq) -> dict[str, Any]:
+    """One choice's usage so far: its prompt's tokens and its own (a chunk's usage
+    with vLLM's ``stream_options.continuous_usage_stats``)."""
+    prompt, completion = result.prompt_tokens, len(seq.output_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+class ChunkUsage:
+    """What each chunk of a stream says of usage: nothing, ``null`` (``include_usage``:
+    the last chunk has it), or the choice's so far (``continuous_usage_stats`` too)."""
+
+    def __init__(self, options: Any) -> None:
+        self.last = bool(options is not None and options.include_usage)
+        self.continuous = self.last and bool(options.continuous_usage_stats)
+
+    def __call__(self, result: Result | None = None, seq: Seq | None = None) -> dict[str, Any]:
+        if not self.last:
+            return {}
+        if self.continuous and result is not None and seq is not None:
+            return {"usage": seq_usage(result, seq)}
+        return {"usage": None}
 
 
 class TextCursor:

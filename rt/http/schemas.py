@@ -91,6 +91,9 @@ class GenerateRequest(BaseModel):
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = Field(
+        default=None, description="with include_usage: each chunk's usage so far (vLLM)"
+    )
     include_obfuscation: bool | None = Field(
         default=None, description="accepted and ignored: rt pads no events"
     )
@@ -178,6 +181,12 @@ class ChatCompletionRequest(OpenAISampling):
     response_format: Any = None
     parallel_tool_calls: bool | None = None
     modalities: Strs | None = Field(default=None, description='only ["text"]')
+    audio: Any = Field(default=None, description="not supported (no audio output)")
+    web_search_options: Any = Field(default=None, description="not supported")
+    # Accepted and ignored: a hint that changes nothing rt can honour (a prediction
+    # only speeds OpenAI's answer up; the answer is the same)
+    prediction: Any = None
+    verbosity: Literal["low", "medium", "high"] | None = None
     # The chat template's variables (vLLM's and SGLang's extensions; a template
     # that does not read one is unchanged by it)
     chat_template_kwargs: Annotated[dict[str, Any], FAST] | None = Field(

@@ -365,6 +365,9 @@ def test_fields_that_ask_for_nothing_rt_lacks_are_accepted(client: openai.OpenAI
         safety_identifier="user-1",
         prompt_cache_key="k",
         prompt_cache_retention="24h",
+        prediction={"type": "content", "content": "And"},
+        verbosity="low",
+        extra_body={"audio": None, "web_search_options": None},
     )
     assert out.choices[0].message.content
     chunks = list(
@@ -386,6 +389,37 @@ def test_fields_that_ask_for_nothing_rt_lacks_are_accepted(client: openai.OpenAI
         client.chat.completions.create(
             model=model, messages=MESSAGES, max_tokens=2, tool_choice="required"
         )
+    for name, value in (("audio", {"voice": "alloy", "format": "wav"}), ("web_search_options", {})):
+        with pytest.raises(openai.BadRequestError, match=f"{name}: not supported") as err:
+            client.chat.completions.create(
+                model=model, messages=MESSAGES, max_tokens=2, extra_body={name: value}
+            )
+        assert err.value.param == name
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_put_each_choices_usage_so_far_on_every_chunk(
+    client: openai.OpenAI, chat: bool
+) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats`` (it was an unknown field)."""
+    options: Any = {"include_usage": True, "continuous_usage_stats": True}
+    kwargs: Any = {"model": model_id(client), "max_tokens": 5, "n": 2, "stream": True}
+    kwargs["extra_body"] = {"ignore_eos": True}  # (5 tokens each, whatever they are)
+    if chat:
+        stream = client.chat.completions.create(messages=MESSAGES, stream_options=options, **kwargs)
+    else:
+        stream = client.completions.create(prompt="And God said", stream_options=options, **kwargs)
+    chunks = list(stream)
+    *deltas, last = chunks
+    assert not last.choices and last.usage is not None and last.usage.completion_tokens == 10
+    seen = {0: 0, 1: 0}
+    for chunk in deltas:
+        (choice,) = chunk.choices
+        assert chunk.usage is not None and chunk.usage.prompt_tokens == last.usage.prompt_tokens
+        assert chunk.usage.completion_tokens >= seen[choice.index]  # so far, for this choice
+        seen[choice.index] = chunk.usage.completion_tokens
+        assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + seen[choice.index]
+    assert seen == {0: 5, 1: 5}
 
 
 def test_a_negative_seed_is_a_seed(client: openai.OpenAI) -> None:
