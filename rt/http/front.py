@@ -272,7 +272,8 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
             "start the server with --allow-auto-truncate"
             + (" (or send truncate_prompt_tokens)" if per_request else ""),
         )
-        param = (rename or {}).get(asked) if asked else None
+        # else the prompt's field, as the endpoint names it (OpenAI's chat: "messages")
+        param = (rename or {}).get(asked or PROMPT)
         return HTTPError(400, message, param=param, code="context_length_exceeded")
     if isinstance(err, errors.RequestTooLargeError):
         return HTTPError(413, message)
@@ -283,6 +284,9 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
     if isinstance(err, errors.RequestFailedError):
         return HTTPError(500, message, code="request_failed")
     return HTTPError(500, f"{type(err).__name__}: {message}")
+
+
+PROMPT = "<prompt>"  # in a ``rename``: the field that holds the prompt
 
 
 def _param(message: str) -> str | None:

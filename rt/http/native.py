@@ -16,7 +16,7 @@ from typing import Any
 from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta, TopLogprobs
-from rt.http.front import Front
+from rt.http.front import PROMPT, Front
 from rt.http.generation import Job, Result, Seq, run
 from rt.http.schemas import GenerateRequest, SamplingParams, parse
 
@@ -63,7 +63,7 @@ def renames(req: GenerateRequest) -> dict[str, str]:
     """The engine's names for the body's fields (see ``http_error``): a sampling
     parameter is under ``sampling_params`` (a list of them: ``in_batch`` names
     its place)."""
-    names = {"top_logprobs": "top_logprobs_num"}
+    names = {"top_logprobs": "top_logprobs_num", PROMPT: prompt_field(req)}
     if not isinstance(req.sampling_params, list):
         names |= {f: f"sampling_params.{f}" for f in SamplingParams.model_fields}
     return names

@@ -17,7 +17,7 @@ from rt.gpu.sampling_params import show
 from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta
-from rt.http.front import Front
+from rt.http.front import PROMPT, Front
 from rt.http.generation import Job, Result, Seq, run
 from rt.http.openai_format import (
     ChunkUsage,
@@ -110,11 +110,13 @@ def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) ->
         for name, engine in _SAMPLING.items()
         if getattr(req, name) is not None
     }
+    if req.seed is not None and not -(2**63) <= req.seed < 2**63:
+        raise HTTPError(
+            400, f"seed: expected an integer in [-2^63, 2^63-1], got {req.seed}", param="seed"
+        )
     if req.seed is not None and req.seed < 0:
         # OpenAI's and vLLM's seed is any int64, the engine's is 63 bits: a negative
         # seed is folded in (-1 draws as 2**63 - 1 does)
-        if req.seed < -(2**63):
-            raise HTTPError(400, f"seed: expected a 64-bit integer, got {req.seed}", param="seed")
         options["seed"] = req.seed % 2**63
     if max_tokens is not None:
         options["max_new_tokens"] = max_tokens
@@ -207,6 +209,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         "min_new_tokens": "min_tokens",
         "top_logprobs": "logprobs",
         "input_ids": "prompt",
+        PROMPT: "prompt",
     }
     head = {
         "id": cid,
@@ -409,7 +412,7 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     cid = f"chatcmpl-{req.rid or uuid.uuid4().hex}"
     jobs = _jobs([None], options, req.rid or cid)
     limit_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    rename = {"max_new_tokens": limit_name, "min_new_tokens": "min_tokens"}
+    rename = {"max_new_tokens": limit_name, "min_new_tokens": "min_tokens", PROMPT: "messages"}
     head = {
         "id": cid,
         "object": "chat.completion",

@@ -282,8 +282,11 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     assert "max_tokens is 400" in err.value.message  # the field this endpoint takes
     assert err.value.param == "max_tokens"
     # a prompt over the context on its own: no max_tokens could help, and none is blamed
-    with pytest.raises(openai.BadRequestError, match="over the context length 512 on its own"):
+    with pytest.raises(
+        openai.BadRequestError, match="over the context length 512 on its own"
+    ) as err:
         client.completions.create(model=model, prompt="word " * 600, max_tokens=4)
+    assert err.value.param == "prompt"  # (it was null)
     # echo decodes a token-id prompt before the engine sees it: its ids are checked first
     # (a negative one, or one past 2**64, was a 500 from the decoder)
     for prompt, where, bad in (([-1], "prompt", -1), ([[5], [7, 2**64]], "prompt[1]", 2**64)):
@@ -323,7 +326,7 @@ def test_chat_without_max_tokens_may_fill_the_context(client: openai.OpenAI) -> 
         client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": " the" * 600}]
         )
-    assert err.value.param is None and err.value.code == "context_length_exceeded"
+    assert err.value.param == "messages" and err.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError, match="max_completion_tokens is 100"):
         client.chat.completions.create(model=model, messages=long, max_completion_tokens=100)
     with pytest.raises(
@@ -434,9 +437,12 @@ def test_a_negative_seed_is_a_seed(client: openai.OpenAI) -> None:
     for seed, (a, b) in texts.items():
         assert a == b, seed
     assert len({t[0] for t in texts.values()}) == 3  # three seeds, three draws
-    with pytest.raises(openai.BadRequestError, match="seed: expected a 64-bit integer") as err:
-        client.completions.create(**kwargs, seed=-(2**63) - 1)
-    assert err.value.param == "seed"
+    for seed in (-(2**63) - 1, 2**63):  # (the message gave [0, 2^63-1] above)
+        with pytest.raises(
+            openai.BadRequestError, match=re.escape("seed: expected an integer in [-2^63, 2^63-1]")
+        ) as err:
+            client.completions.create(**kwargs, seed=seed)
+        assert err.value.param == "seed"
 
 
 def test_the_chat_templates_variables(client: openai.OpenAI) -> None:
