@@ -60,6 +60,9 @@ def test_lost_hung_and_twice_ended_requests_are_found() -> None:
     ]
 
 
+FUZZ = {"hostile": "fuzz"}
+
+
 def test_outcomes_innocents_complete_hostiles_are_refused() -> None:
     events = (
         request(0, [], state="failed-final", error="RequestFailedError: boom")
@@ -83,9 +86,12 @@ def test_outcomes_innocents_complete_hostiles_are_refused() -> None:
         + request(9, [], state="failed-final", error="ContextOverflowError: too long")
         + request(10, [], state="failed-final", status=400, error="ContextOverflowError: x")
         + request(11, [], state="failed-final", status=500, error="ContextOverflowError: x")
+        # a fuzzed body rt.client refuses before sending (2**63 in a field): refused, no status
+        + request(12, [], state="failed-final", error="InvalidRequestError: x", spec=FUZZ)
+        + request(13, [], state="failed-final", error="RequestFailedError: x", spec=FUZZ)
     )
     found = {f.req for f in checks.outcomes(Ledger.of(events), {"P"})}
-    assert found == {0, 2, 3, 6, 8, 11}
+    assert found == {0, 2, 3, 6, 8, 11, 13}
 
 
 def test_streams_catch_duplicated_missing_and_undecodable_text() -> None:
