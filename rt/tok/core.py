@@ -253,8 +253,13 @@ class TokenizerCore:
                 + ("" if req.allow_auto_truncate else " or set allow_auto_truncate")
             )
         if size >= self.context_length:
+            over = (
+                "over the context length"
+                if size > self.context_length
+                else "the whole context length"  # (no room left for the token it must make)
+            )
             return (
-                f"the prompt has {size} tokens, over the context length {self.context_length} "
+                f"the prompt has {size} tokens, {over} {self.context_length} "
                 "on its own; shorten the prompt"
                 + ("" if req.allow_auto_truncate else " or set allow_auto_truncate")
             )

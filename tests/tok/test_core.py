@@ -73,6 +73,17 @@ def test_context_overflow_is_refused_or_truncated(core, tokenizer) -> None:
     assert refused.message.endswith("; lower max_new_tokens"), refused.message
 
 
+def test_a_prompt_that_fills_the_context_is_not_said_to_be_over_it(core) -> None:
+    one = SamplingParams(max_new_tokens=1)
+    said = {}
+    for size in (256, 257):
+        (refused,) = core.process([GenerateRequest("f", input_ids=(5,) * size, sampling=one)])
+        assert isinstance(refused, Refused) and refused.error == "ContextOverflowError"
+        said[size] = refused.message
+    assert said[256].startswith("the prompt has 256 tokens, the whole context length 256 on")
+    assert said[257].startswith("the prompt has 257 tokens, over the context length 256 on")
+
+
 def test_truncate_prompt_tokens_keeps_the_last_tokens_of_a_text(core, tokenizer) -> None:
     text = "a b c d e f g h i j k l"
     full = tokenizer.encode(text)
