@@ -218,6 +218,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         "model": served_name(front),
     }
     skip_special = req.skip_special_tokens is not False  # the output's text leaves them out
+    as_ids = bool(req.return_tokens_as_token_ids)
     if req.stream:
         await _stream_completions(front, ex, req, jobs, head, echoes, n, rename, skip_special)
         return
@@ -234,7 +235,9 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                     "index": i * n + j,
                     "text": echoes[i] + seq.text,
                     "logprobs": with_echo(
-                        echo_logprobs(front, result.prompt, echoes[i]) if req.echo else None,
+                        echo_logprobs(front, result.prompt, echoes[i], as_ids)
+                        if req.echo
+                        else None,
                         completion_logprobs(
                             front,
                             seq.output_ids,
@@ -244,6 +247,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                             skip_special,
                             None if skip_special else seq.text,
                             len(echoes[i]),
+                            as_ids,
                         ),
                     )
                     if req.logprobs is not None
@@ -295,6 +299,7 @@ async def _stream_completions(
 ) -> None:
     offsets: dict[int, TextCursor] = {}  # where the next token's text starts, per choice
     extra = ChunkUsage(req.stream_options)
+    as_ids = bool(req.return_tokens_as_token_ids)
 
     def choice(
         index: int, text: str, seq: Seq, delta: Delta | None, finish: str | None, echo: Any = None
@@ -311,9 +316,12 @@ async def _stream_completions(
                 skip_special,
                 None if skip_special else seq.text,
                 len(echoes[index // n]),
+                as_ids,
             )
             if echo is not None:
-                logprobs = with_echo(echo_logprobs(front, echo, echoes[index // n]), logprobs)
+                logprobs = with_echo(
+                    echo_logprobs(front, echo, echoes[index // n], as_ids), logprobs
+                )
         return {
             "index": index,
             "text": text,
@@ -396,6 +404,7 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
         )
     if req.top_logprobs is not None and not req.logprobs:
         raise HTTPError(400, "top_logprobs: only with logprobs=true", param="top_logprobs")
+    as_ids = bool(req.return_tokens_as_token_ids)
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
@@ -433,7 +442,7 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
         {
             "index": j,
             "message": {"role": "assistant", "content": seq.text},
-            "logprobs": chat_logprobs(front, seq.output_ids, seq.logprobs, seq.top_logprobs)
+            "logprobs": chat_logprobs(front, seq.output_ids, seq.logprobs, seq.top_logprobs, as_ids)
             if req.logprobs
             else None,
             "finish_reason": _finish(seq, result),
@@ -454,6 +463,7 @@ async def _stream_chat(
 ) -> None:
     started: set[int] = set()
     extra = ChunkUsage(req.stream_options)
+    as_ids = bool(req.return_tokens_as_token_ids)
 
     def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
         message: dict[str, Any] = {"content": delta.text}
@@ -463,7 +473,7 @@ async def _stream_chat(
         logprobs = None
         if req.logprobs:
             logprobs = chat_logprobs(
-                front, delta.output_ids, delta.logprobs or (), delta.top_logprobs or ()
+                front, delta.output_ids, delta.logprobs or (), delta.top_logprobs or (), as_ids
             )
         seq = result.seqs[delta.index]
         choice = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rt.http.engine_port import Prompt, TopLogprobs
@@ -73,29 +73,42 @@ def completion_logprobs(
     skip_special: bool,
     choice_text: str | None = None,
     base: int = 0,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     """The legacy completions format; ``cursor``: where these tokens' text starts in
     the choice's text (see text_offsets, with ``choice_text`` and ``base``), moved
     past them. ``top_logprobs`` holds each token's own logprob and its best
-    alternatives', as OpenAI's: with ``logprobs=0``, the token's alone."""
-    text = front.tokens.text
+    alternatives', as OpenAI's: with ``logprobs=0``, the token's alone. ``as_ids``:
+    each token named ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``)."""
+    name = token_name(front, as_ids)
     return {
-        "tokens": [text(t) for t in ids],
+        "tokens": [name(t) for t in ids],
         "token_logprobs": list(logprobs),
-        "top_logprobs": _tops(front, ids, logprobs, tops),
+        "top_logprobs": _tops(front, ids, logprobs, tops, as_ids),
         "text_offset": text_offsets(front, ids, cursor, skip_special, choice_text, base),
     }
 
 
+def token_name(front: Front, as_ids: bool) -> Callable[[int], str]:
+    """How a logprobs format names a token: its text, or ``token_id:N`` (vLLM's
+    ``return_tokens_as_token_ids``: a client can tell apart tokens whose text is
+    the same, or a piece of a character)."""
+    return (lambda t: f"token_id:{t}") if as_ids else front.tokens.text
+
+
 def _tops(
-    front: Front, ids: Sequence[int], logprobs: Sequence[float], tops: Sequence[TopLogprobs]
+    front: Front,
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    tops: Sequence[TopLogprobs],
+    as_ids: bool = False,
 ) -> list[dict[str, float]]:
-    text = front.tokens.text
+    name = token_name(front, as_ids)
     out = []
     for k, (tok, lp) in enumerate(zip(ids, logprobs, strict=False)):
-        entry = {text(tok): lp}
+        entry = {name(tok): lp}
         for alt, alt_lp in tops[k] if k < len(tops) else ():
-            entry.setdefault(text(alt), alt_lp)
+            entry.setdefault(name(alt), alt_lp)
         out.append(entry)
     return out
 
@@ -140,15 +153,17 @@ def text_offsets(
     return offsets
 
 
-def echo_logprobs(front: Front, prompt: Prompt | None, echo: str) -> dict[str, Any] | None:
+def echo_logprobs(
+    front: Front, prompt: Prompt | None, echo: str, as_ids: bool = False
+) -> dict[str, Any] | None:
     """The echoed prompt's part of the legacy format (``echo``: its text): its
     first token has no logprob (nothing comes before it), as OpenAI's."""
     if prompt is None:
         return None
-    text = front.tokens.text
-    tops = _tops(front, prompt.ids[1:], prompt.logprobs, prompt.top_logprobs or ())
+    name = token_name(front, as_ids)
+    tops = _tops(front, prompt.ids[1:], prompt.logprobs, prompt.top_logprobs or (), as_ids)
     return {
-        "tokens": [text(t) for t in prompt.ids],
+        "tokens": [name(t) for t in prompt.ids],
         "token_logprobs": [None, *prompt.logprobs],
         "top_logprobs": [None, *tops],
         "text_offset": text_offsets(front, prompt.ids, TextCursor(), False, echo),
@@ -168,9 +183,13 @@ def with_echo(echo: dict[str, Any] | None, out: dict[str, Any]) -> dict[str, Any
 
 
 def chat_logprobs(
-    front: Front, ids: Sequence[int], logprobs: Sequence[float], tops: Sequence[TopLogprobs]
+    front: Front,
+    ids: Sequence[int],
+    logprobs: Sequence[float],
+    tops: Sequence[TopLogprobs],
+    as_ids: bool = False,
 ) -> dict[str, Any]:
-    text, raw = front.tokens.text, front.tokens.bytes
+    text, raw = token_name(front, as_ids), front.tokens.bytes
     content = []
     for k, (tok, lp) in enumerate(zip(ids, logprobs, strict=False)):
         token = text(tok)

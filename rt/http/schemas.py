@@ -131,6 +131,9 @@ class OpenAISampling(BaseModel):
     spaces_between_special_tokens: bool | None = None
     rid: str | None = Field(default=None, description="the request id, for /abort_request")
     priority: int | None = None
+    return_tokens_as_token_ids: bool | None = Field(
+        default=None, description="logprobs name each token 'token_id:N' (vLLM)"
+    )
     truncate_prompt_tokens: int | None = Field(
         default=None,
         description="keep the prompt's last k tokens; -1: cut it to fit the context (vLLM)",

@@ -210,3 +210,48 @@ def test_offsets_pass_over_the_spaces_set_around_a_shown_special_token(
         chunks = [e["choices"][0] for e in streamed(http, "/v1/completions", body) if e["choices"]]
         offsets = [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
         assert offsets == whole["logprobs"]["text_offset"]
+
+
+def test_return_tokens_as_token_ids_names_each_token_by_its_id(http: httpx.Client) -> None:
+    """vLLM's ``return_tokens_as_token_ids`` (it was an unknown field): the same
+    answer, each token named ``token_id:N`` where N is the id the text came from."""
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    base = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 2, "echo": True}
+    named = http.post("/v1/completions", json=base).json()["choices"][0]
+    body = {**base, "return_tokens_as_token_ids": True}
+    for choice in (
+        http.post("/v1/completions", json=body).json()["choices"][0],
+        {"text": "", "logprobs": _joined(streamed(http, "/v1/completions", body))},
+    ):
+        logprobs = choice["logprobs"]
+        ids = [int(t.removeprefix("token_id:")) for t in logprobs["tokens"]]
+        assert len(ids) == len(
+            named["logprobs"]["tokens"]
+        )  # the prompt's (echo), then the answer's
+        assert tokenizer.decode(ids, skip_special_tokens=True) == named["text"]
+        assert logprobs["text_offset"] == named["logprobs"]["text_offset"]
+        for top in logprobs["top_logprobs"][1:]:
+            assert len(top) >= 2 and all(k.startswith("token_id:") for k in top)
+    chat = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "return_tokens_as_token_ids": True,
+    }
+    choice = http.post("/v1/chat/completions", json=chat).json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    ids = [int(c["token"].removeprefix("token_id:")) for c in content]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == choice["message"]["content"]
+    assert all(t["token"].startswith("token_id:") for c in content for t in c["top_logprobs"])
+
+
+def _joined(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stream's logprobs, as one."""
+    out: dict[str, list[Any]] = {"tokens": [], "top_logprobs": [], "text_offset": []}
+    for event in events:
+        for choice in event["choices"]:
+            for key in out:
+                out[key] += choice["logprobs"][key]
+    return out
