@@ -82,6 +82,18 @@ class Result:
             self.prompt = delta.prompt
         return seq
 
+    def undo(self, delta: Delta) -> None:
+        """Take back what ``add(delta)`` added (its client never had it)."""
+        seq = self.seqs[delta.index]
+        seq.text = seq.text[: len(seq.text) - len(delta.text)]
+        del seq.output_ids[len(seq.output_ids) - len(delta.output_ids) :]
+        if delta.logprobs:
+            del seq.logprobs[len(seq.logprobs) - len(delta.logprobs) :]
+        if delta.top_logprobs:
+            del seq.top_logprobs[len(seq.top_logprobs) - len(delta.top_logprobs) :]
+        if delta.finish_reason is not None:
+            seq.finish_reason = seq.matched_stop = None
+
 
 OnDelta = Callable[[int, Delta, Result], Awaitable[None]]
 
@@ -182,7 +194,11 @@ async def _run_one(
                         if taken is not None:
                             taken.one(i)
                         if on_delta is not None:
-                            await on_delta(i, delta, result)
+                            try:
+                                await on_delta(i, delta, result)
+                            except trio.Cancelled:  # (an abort, a cancel) before it went out:
+                                result.undo(delta)  # the answer says only what the client had
+                                raise
             except trio.Cancelled:  # the client left, or a sibling failed
                 if stream.cut or not stream.ended:  # (else the engine made it all)
                     tracked.abort_cause = tracked.abort_cause or "cancelled"

@@ -44,11 +44,12 @@ from typing import Any
 import h11
 import trio
 
+from rt.gpu.sampling_params import MAX_N
 from rt.http import native
 from rt.http.asgi import HTTPError, Message, Receive, Send, encode, last_word
 from rt.http.engine_port import Delta
 from rt.http.front import Front
-from rt.http.generation import Result, run
+from rt.http.generation import Result, Seq, run
 from rt.http.schemas import GenerateRequest, WsFrame, loads, parse
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,10 @@ class Connection:
     def __init__(self, front: Front, send: Send) -> None:
         self.front = front
         self._send = send
-        self._out, self._out_recv = trio.open_memory_channel[bytes](OUT_QUEUE)
+        # frames for the writer, each with an event it sets once it has sent that frame
+        self._out, self._out_recv = trio.open_memory_channel[tuple[bytes, trio.Event | None]](
+            OUT_QUEUE
+        )
         self.in_flight: dict[str | int, Running] = {}
         self._scope = trio.CancelScope()  # the connection's: cancelled when it ends
         self._unread = False  # the client does not read: closed with 1008
@@ -102,16 +106,19 @@ class Connection:
                         pass  # the client's close frame: the handshake is complete
 
     async def _write(self, connection: trio.CancelScope) -> None:
-        async for frame in self._out_recv:
+        async for frame, sent in self._out_recv:
             try:
                 await self._send({"type": "websocket.send", "text": frame.decode()})
             except Exception:  # the peer is gone: nothing in flight can be delivered
                 connection.cancel()
                 return
             self._sent += 1
+            if sent is not None:
+                sent.set()
 
-    async def _frame(self, obj: dict[str, Any]) -> None:
-        await self._out.send(encode(obj))
+    async def _frame(self, obj: dict[str, Any], sent: trio.Event | None = None) -> None:
+        """Queue ``obj`` for the writer, which sets ``sent`` once it has sent it."""
+        await self._out.send((encode(obj), sent))
 
     async def _answer(self, cid: Any, err: HTTPError) -> None:
         """The receiving task's own answer to a frame: with the queue full, it waits
@@ -121,7 +128,7 @@ class Connection:
         while True:
             sent = self._sent
             with trio.move_on_after(UNREAD_S):
-                await self._out.send(frame)
+                await self._out.send((frame, None))
                 return
             if self._sent == sent:
                 log.warning("WebSocket: %s; closing it", UNREAD)
@@ -224,8 +231,27 @@ class Connection:
     async def _generate(
         self, cid: str | int, req: GenerateRequest, jobs: Any, running: Running
     ) -> None:
+        """Answer one request. The engine is held until the writer has sent its last
+        frame, not only queued it: a drain used to end with the "done" frames of
+        finished requests still queued for a client reading a little slower than
+        they came, and the 1001 close then dropped them."""
+        sent = trio.Event()
+        with self.front.engine.hold():
+            try:
+                await self._answer_request(cid, req, jobs, running, sent)
+            finally:
+                del self.in_flight[cid]
+                running.ended.set()
+            await sent.wait()  # (the connection ending cancels it)
+
+    async def _answer_request(
+        self, cid: str | int, req: GenerateRequest, jobs: Any, running: Running, sent: trio.Event
+    ) -> None:
         front, scope = self.front, running.scope
-        partial = Result(jobs[0].rid, [])
+        n = jobs[0].options.get("n", 1)
+        # what a cancel before the first delta answers with: no tokens, of each sequence
+        count = n if isinstance(n, int) and 0 < n <= MAX_N else 1  # (the engine checks n)
+        partial = Result(jobs[0].rid, [Seq() for _ in range(count)])
 
         async def on_delta(i: int, delta: Delta, result: Result) -> None:
             nonlocal partial
@@ -251,25 +277,22 @@ class Connection:
         try:
             if req.return_logprob and req.return_text_in_logprobs:
                 await front.tokens.ensure()  # (loaded on first use, as /generate does)
-            with front.engine.hold():  # a drain waits for its "done" frame too
-                with scope:
-                    results = await run(front, jobs, on_delta, native.renames(req))
-                if scope.cancelled_caught:
-                    partial.aborted = "cancelled by the client"
-                    results = [partial]
-                await self._frame(_done(front, cid, req, results[0], scope.cancelled_caught))
+            with scope:
+                results = await run(front, jobs, on_delta, native.renames(req))
+            if scope.cancelled_caught:
+                partial.aborted = "cancelled by the client"
+                results = [partial]
+            await self._frame(_done(front, cid, req, results[0], scope.cancelled_caught), sent)
         except HTTPError as err:
-            await self._frame(_error_frame(cid, err))
+            await self._frame(_error_frame(cid, err), sent)
         except Exception:  # a bug answers this id alone; the connection's others go on
             log.exception("WebSocket request %r failed", cid)
             await self._frame(
                 _error_frame(
                     cid, HTTPError(500, "internal error; the server log has the traceback")
-                )
+                ),
+                sent,
             )
-        finally:
-            del self.in_flight[cid]
-            running.ended.set()
 
 
 def _done(

@@ -28,6 +28,22 @@ async def receive(ws: WebSocketConnection) -> dict[str, Any]:
     return frame
 
 
+async def slow_reader(port: int) -> tuple[trio.SocketStream, WSConnection]:
+    """A /ws connection over a socket with a 4 KiB receive buffer, which the test
+    reads (through wsproto) only when it chooses: a client that stops reading."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+    await stream.socket.connect(("127.0.0.1", port))
+    ws = WSConnection(ConnectionType.CLIENT)
+    await stream.send_all(ws.send(Request(host="127.0.0.1", target="/ws")))
+    with trio.fail_after(10):
+        while not any(isinstance(e, AcceptConnection) for e in ws.events()):
+            ws.receive_data(await stream.receive_some(65536))
+    return stream, ws
+
+
 async def scheduler_idle_after(server: Server, steps: int) -> dict[str, Any]:
     """The scheduler's first idle report after step ``steps`` (nothing running or
     waiting: it also reports every second while busy)."""
@@ -287,18 +303,7 @@ async def test_a_client_that_sends_but_never_reads_is_closed_and_its_generation_
     the client: the task that receives frames must not wait behind it (hypercorn
     tells of the client leaving through that task), or neither moves again and the
     generation stays in flight for good."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-    await stream.socket.connect(("127.0.0.1", default_server.port))
-    ws = WSConnection(ConnectionType.CLIENT)
-    await stream.send_all(ws.send(Request(host="127.0.0.1", target="/ws")))
-    with trio.fail_after(10):
-        while True:
-            ws.receive_data(await stream.receive_some(65536))
-            if any(isinstance(e, AcceptConnection) for e in ws.events()):
-                break
+    stream, ws = await slow_reader(default_server.port)
     long = {"max_new_tokens": 400, "ignore_eos": True}
     body = {"id": "g", "type": "generate", "text": "In the beginning", "sampling_params": long}
     await stream.send_all(ws.send(Message(data=json.dumps(body))))
@@ -439,3 +444,68 @@ async def test_an_id_or_rid_reused_right_after_its_cancel_is_served(default_serv
             assert dones[0]["meta_info"]["finish_reason"]["type"] == "abort"
             assert dones[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
             assert dones[-1]["meta_info"]["id"] == "mine"
+
+
+@pytest.mark.parametrize("how", ["abort_request", "cancel"])
+async def test_a_done_frame_counts_only_the_tokens_its_client_was_sent(
+    default_server: Server, how: str
+) -> None:
+    """A request the engine had finished while its deltas waited behind a slow
+    reader, then aborted (/abort_request, or the WebSocket's cancel): its deltas
+    were dropped, yet its "done" frame said "length" with every token counted, a
+    truncated answer marked complete. It now says abort, with the tokens sent."""
+    stream, ws = await slow_reader(default_server.port)
+
+    async def send(frame: dict[str, Any]) -> None:
+        await stream.send_all(ws.send(Message(data=json.dumps(frame))))
+
+    long = {"max_new_tokens": 300, "ignore_eos": True}
+    for i in range(8):  # their deltas fill the queue to a client that reads nothing yet
+        await send({"id": f"f{i}", "type": "generate", "text": "And", "sampling_params": long})
+    await trio.sleep(1.5)
+    one = {"max_new_tokens": 1, "ignore_eos": True}
+    target = {"id": "t", "type": "generate", "text": "In", "sampling_params": one, "rid": how}
+    await send(target)
+    await trio.sleep(1.5)  # its one token is made, its delta waits behind the others
+    if how == "cancel":
+        await send({"id": "t", "type": "cancel"})
+    else:
+        async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
+            assert (await client.post("/abort_request", json={"rid": how})).status_code == 200
+    received, done, text = 0, None, ""
+    with trio.fail_after(60):
+        while done is None:
+            ws.receive_data(await stream.receive_some(65536))
+            for event in ws.events():
+                if isinstance(event, Message):
+                    text += event.data
+                    if not event.message_finished:
+                        continue
+                    frame, text = json.loads(text), ""
+                    if frame["id"] == "t" and frame["type"] == "delta":
+                        received += len(frame["output_ids"])
+                    elif frame["id"] == "t":
+                        done = frame
+    assert done["type"] == "done", done
+    meta = done["meta_info"]
+    assert meta["completion_tokens"] == received
+    assert meta["finish_reason"]["type"] == ("length" if received else "abort"), meta
+    await stream.aclose()
+
+
+async def test_a_cancel_before_the_first_delta_answers_with_a_whole_meta_info(
+    default_server: Server,
+) -> None:
+    """Its "done" frame had only an id and a finish_reason (no prompt_tokens,
+    cached_tokens, e2e_latency; with n > 1 no meta_infos), unlike a later cancel's."""
+    body = {"type": "generate", "text": "In", "sampling_params": {"max_new_tokens": 50, "n": 2}}
+    async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
+        await ws.send_message(json.dumps({"id": "c", **body}))
+        await ws.send_message(json.dumps({"id": "c", "type": "cancel"}))
+        while (frame := await receive(ws))["type"] == "delta":
+            pass
+    assert frame["type"] == "done", frame
+    meta = frame["meta_info"]
+    assert {"prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency"} <= set(meta)
+    assert meta["finish_reason"]["type"] == "abort"
+    assert [m["finish_reason"]["type"] for m in frame["meta_infos"]] == ["abort", "abort"]
