@@ -45,6 +45,11 @@ async def health(front: Front, ex: Exchange) -> None:
         await ex.json({"status": "unavailable", "reason": reason}, 503, [("retry-after", "1")])
 
 
+async def version(front: Front, ex: Exchange) -> None:
+    """vLLM's and SGLang's ``/version``."""
+    await ex.json({"version": rt.__version__})
+
+
 async def health_generate(front: Front, ex: Exchange) -> None:
     """Generates one token, bypassing the queue limit. While generation is
     paused, nothing could come: 503 at once, not after the timeout."""

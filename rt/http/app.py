@@ -58,6 +58,9 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/health"): Route(
         admin.health, "200 when every actor runs, generation not paused; 503 and why", open=True
     ),
+    ("GET", "/ping"): Route(admin.health, "Alias of /health (vLLM's, SageMaker's)", open=True),
+    ("POST", "/ping"): Route(admin.health, "Alias of /health (vLLM's, SageMaker's)", open=True),
+    ("GET", "/version"): Route(admin.version, "rt's version"),
     ("GET", "/health_generate"): Route(admin.health_generate, "Generate one token"),
     ("GET", "/server_info"): Route(admin.server_info, "Configuration, model, actors"),
     ("GET", "/get_server_info"): Route(admin.server_info, "Alias of /server_info (SGLang)"),

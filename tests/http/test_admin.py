@@ -30,6 +30,12 @@ def test_health(default_server: Server) -> None:
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
     assert httpx.get(f"{default_server.url}/health_generate", timeout=60).status_code == 200
+    # vLLM's (and SageMaker's) /ping, either method, and /version
+    for method in ("GET", "POST"):
+        ping = httpx.request(method, f"{default_server.url}/ping", timeout=30)
+        assert ping.status_code == 200 and ping.json() == {"status": "ok"}
+    version = httpx.get(f"{default_server.url}/version", timeout=30).json()["version"]
+    assert version == default_server.info()["version"]
 
 
 def test_head_answers_what_get_would_without_the_body(default_server: Server) -> None:

@@ -51,6 +51,7 @@ def long_body(tokens: int, **extra: Any) -> dict[str, Any]:
 def test_api_key_on_every_endpoint_but_health(server: Server) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as client:
         assert client.get("/health").status_code == 200
+        assert client.get("/ping").status_code == 200  # (its alias, for load balancers)
         # every route the app has (pause and continue too, which a 401 keeps from running)
         calls = [key for key, route in ROUTES.items() if not route.open]
         calls += [("GET", "/v1/models/default"), ("GET", "/openapi.json")]
