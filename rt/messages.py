@@ -66,6 +66,9 @@ class GenerateRequest(Message, frozen=True):
     # None: OpenAI's chat default); the tokenizer sets it once it knows the prompt
     to_context: bool = False
     template_kwargs: dict[str, Any] | None = None  # the chat template's variables
+    # the tokenizer's special tokens (BOS) added to a text or a rendered chat: None is
+    # the default, yes for a text, no for a chat (its template writes them)
+    add_special_tokens: bool | None = None
 
 
 class Scheduled(Message, frozen=True):

@@ -87,6 +87,7 @@ OTHER_FIELDS = {
     "spaces_between_special_tokens",
     "allow_auto_truncate",
     "truncate_prompt_tokens",
+    "add_special_tokens",
     "priority",
     "rid",
 }
@@ -172,6 +173,11 @@ def build_request(
             "--schedule-policy priority, uses them)"
         )
     template = template_kwargs(options.get("chat_template_kwargs"), messages is not None)
+    add_special = options.get("add_special_tokens")
+    if add_special is not None and not isinstance(add_special, bool):
+        raise InvalidRequestError(
+            f"add_special_tokens: expected true, false or none, got {show(add_special)}"
+        )
     if overflow is not None:
         raise overflow
     return _as_received(
@@ -188,6 +194,7 @@ def build_request(
             keep_last=keep_last,
             to_context=to_context,
             template_kwargs=template,
+            add_special_tokens=add_special,
         )
     )
 

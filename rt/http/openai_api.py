@@ -52,6 +52,7 @@ _SAMPLING = {
     "spaces_between_special_tokens": "spaces_between_special_tokens",
     "priority": "priority",
     "truncate_prompt_tokens": "truncate_prompt_tokens",
+    "add_special_tokens": "add_special_tokens",
 }
 
 

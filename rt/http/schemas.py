@@ -131,6 +131,11 @@ class OpenAISampling(BaseModel):
     spaces_between_special_tokens: bool | None = None
     rid: str | None = Field(default=None, description="the request id, for /abort_request")
     priority: int | None = None
+    add_special_tokens: bool | None = Field(
+        default=None,
+        description="add the tokenizer's special tokens (BOS) to the prompt; default: "
+        "yes for completions, no for chat, whose template writes them (vLLM)",
+    )
     return_tokens_as_token_ids: bool | None = Field(
         default=None, description="logprobs name each token 'token_id:N' (vLLM)"
     )

@@ -90,7 +90,11 @@ class TokenizerCore:
                 results[i] = refusal(req.rid, text)
             elif text is not None:
                 todo[i] = text
-                plain[i] = req.messages is None
+                plain[i] = (
+                    req.messages is None
+                    if req.add_special_tokens is None
+                    else req.add_special_tokens
+                )
         encoded = self._encode(todo, plain)
         for i, req in enumerate(reqs):
             if results[i] is not None:

@@ -160,6 +160,7 @@ REFUSED = [
     pytest.param("hi", {"truncate_prompt_tokens": -2}, r"truncate_prompt_tokens: .* got -2", id="keep-negative"),
     pytest.param("hi", {"truncate_prompt_tokens": 2.0}, r"truncate_prompt_tokens: .* got 2.0", id="keep-float"),
     pytest.param("hi", {"truncate_prompt_tokens": True}, r"truncate_prompt_tokens: .* got True", id="keep-bool"),
+    pytest.param("hi", {"add_special_tokens": 1}, r"add_special_tokens: expected true, false or none, got 1", id="add-special-int"),
     pytest.param("hi", {"priority": "high"}, r"priority: expected an integer, got 'high'", id="priority-string"),
     pytest.param("hi", {"priority": 1.5}, r"priority: expected an integer, got 1.5", id="priority-float"),
     pytest.param("hi", {"priority": True}, r"priority: expected an integer, got True", id="priority-bool"),

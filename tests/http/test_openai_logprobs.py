@@ -255,3 +255,22 @@ def _joined(events: list[dict[str, Any]]) -> dict[str, Any]:
             for key in out:
                 out[key] += choice["logprobs"][key]
     return out
+
+
+def test_add_special_tokens_puts_the_bos_before_a_prompt_or_leaves_it_out(
+    http: httpx.Client,
+) -> None:
+    """vLLM's per-request ``add_special_tokens`` (it was an unknown field): yes by
+    default for completions, no for chat, whose template writes its own."""
+    base = {"prompt": PROMPT, "max_tokens": 1, "logprobs": 0, "echo": True}
+    usual = http.post("/v1/completions", json=base).json()
+    bare = http.post("/v1/completions", json={**base, "add_special_tokens": False}).json()
+    assert usual["choices"][0]["logprobs"]["tokens"][0] == "<|bos|>"
+    assert bare["choices"][0]["logprobs"]["tokens"][0] != "<|bos|>"
+    assert bare["usage"]["prompt_tokens"] == usual["usage"]["prompt_tokens"] - 1
+    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}
+    plain = http.post("/v1/chat/completions", json=chat).json()["usage"]["prompt_tokens"]
+    with_bos = http.post("/v1/chat/completions", json={**chat, "add_special_tokens": True})
+    assert with_bos.json()["usage"]["prompt_tokens"] == plain + 1
+    refused = http.post("/v1/completions", json={**base, "add_special_tokens": "no"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "add_special_tokens"

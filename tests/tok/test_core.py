@@ -6,8 +6,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from rt.assets import default_model_path
 from rt.gpu.sampling_params import SamplingParams
 from rt.messages import GenerateRequest, Refused
 from rt.tok.core import Result, TokenizerCore
@@ -32,6 +33,27 @@ def test_text_ids_and_chat_in_one_batch(core, tokenizer) -> None:
     rendered = "<|user|>Hello there<|end|><|assistant|>"
     assert tokenizer.decode(c.input_ids) == rendered
     assert c.input_ids.tolist() == tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def test_add_special_tokens_overrides_what_a_text_or_a_chat_gets() -> None:
+    """vLLM's per-request ``add_special_tokens``, with the default model's tokenizer
+    (it puts a BOS before a text; its chat template writes its own)."""
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    core = TokenizerCore(tokenizer, context_length=256, vocab_size=len(tokenizer))
+    bos = tokenizer.bos_token_id
+    messages = ({"role": "user", "content": "Hello there"},)
+    reqs = [
+        GenerateRequest("text", text="The fox"),
+        GenerateRequest("bare", text="The fox", add_special_tokens=False),
+        GenerateRequest("chat", messages=messages),
+        GenerateRequest("chat+", messages=messages, add_special_tokens=True),
+    ]
+    (text, _), (bare, _), (chat, _), (chat_bos, _) = core.process(reqs)
+    assert text.input_ids[0] == bos and text.input_ids[1:].tolist() == bare.input_ids.tolist()
+    assert bos not in bare.input_ids.tolist()
+    assert (
+        chat_bos.input_ids[0] == bos and chat_bos.input_ids[1:].tolist() == chat.input_ids.tolist()
+    )
 
 
 def test_a_bad_request_is_refused_alone(core) -> None:
