@@ -100,9 +100,11 @@ OnDelta = Callable[[int, Delta, Result], Awaitable[None]]
 
 class Taken:
     """Set once the engine has taken every job's prompt (tokenized, within the
-    context), each known by its ids or its first token: a stream of several
-    prompts waits for it before its status line, so that one prompt the engine
-    refuses makes a plain 4xx whichever prompt's first token came first."""
+    context), each known by its ids or its first token, or the job has ended
+    (aborted before its ids came): a stream of several prompts waits for it
+    before its status line, so that one prompt the engine refuses makes a plain
+    4xx whichever prompt's first token came first. (A refusal is the job's
+    failure, which cancels the others: it is never counted.)"""
 
     def __init__(self, jobs: int) -> None:
         self._left = set(range(jobs))
@@ -127,12 +129,15 @@ async def run(
     rename: dict[str, str] | None = None,
     limited: bool = True,
     taken: Taken | None = None,
+    so_far: list[Result | None] | None = None,
 ) -> list[Result]:
     """Run every job; the results in the jobs' order. The first error (an
     HTTPError, or the engine's mapped by :func:`http_error` with ``rename``)
     cancels the others and is raised. ``limited``: subject to the queue limit.
-    ``taken``: told of each job whose prompt the engine has taken."""
-    results: list[Result | None] = [None] * len(jobs)
+    ``taken``: told of each job whose prompt the engine has taken. ``so_far``
+    (one item a job): each job's result as it fills, for a caller that cancels
+    the run and answers with what there was."""
+    results: list[Result | None] = [None] * len(jobs) if so_far is None else so_far
     failures: list[HTTPError] = []
     with front.admit(sum(_samples(job) for job in jobs) if limited else 0) as admission:
         async with trio.open_nursery() as nursery:
@@ -168,7 +173,7 @@ async def _run_one(
     taken: Taken | None,
 ) -> None:
     n = job.options.get("n", 1)  # not validated yet: the engine refuses a bad one below
-    result = Result(
+    result = results[i] = Result(
         job.rid, [Seq() for _ in range(n if isinstance(n, int) and 0 < n <= MAX_N else 1)]
     )
     try:
@@ -205,10 +210,12 @@ async def _run_one(
                 raise
             finally:
                 watching.cancel()
-                await stream.aclose()
+                try:
+                    await stream.aclose()
+                finally:  # (cut before its first chunk, it has them from the engine's table)
+                    result.prompt_tokens = stream.prompt_tokens
+                    result.cached_tokens = stream.cached_tokens
             result.aborted = tracked.abort_cause
-            result.prompt_tokens = stream.prompt_tokens
-            result.cached_tokens = stream.cached_tokens
             result.e2e_latency = time.monotonic() - result.arrived
             if stream.queue_time is not None:
                 front.metrics.queue_time.observe(stream.queue_time)
@@ -219,7 +226,8 @@ async def _run_one(
         )
         nursery.cancel_scope.cancel()
         return
-    results[i] = result
+    if taken is not None:  # ended (an abort before its ids came too): nothing to wait for
+        taken.one(i)
 
 
 def _without_output(delta: Delta) -> Delta:

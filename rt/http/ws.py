@@ -44,7 +44,6 @@ from typing import Any
 import h11
 import trio
 
-from rt.gpu.sampling_params import MAX_N
 from rt.http import native
 from rt.http.asgi import HTTPError, Message, Receive, Send, encode, last_word
 from rt.http.engine_port import Delta
@@ -248,14 +247,9 @@ class Connection:
         self, cid: str | int, req: GenerateRequest, jobs: Any, running: Running, sent: trio.Event
     ) -> None:
         front, scope = self.front, running.scope
-        n = jobs[0].options.get("n", 1)
-        # what a cancel before the first delta answers with: no tokens, of each sequence
-        count = n if isinstance(n, int) and 0 < n <= MAX_N else 1  # (the engine checks n)
-        partial = Result(jobs[0].rid, [Seq() for _ in range(count)])
+        so_far: list[Result | None] = [None]  # what a cancel answers with
 
         async def on_delta(i: int, delta: Delta, result: Result) -> None:
-            nonlocal partial
-            partial = result
             frame: dict[str, Any] = {
                 "id": cid,
                 "type": "delta",
@@ -278,8 +272,9 @@ class Connection:
             if req.return_logprob and req.return_text_in_logprobs:
                 await front.tokens.ensure()  # (loaded on first use, as /generate does)
             with scope:
-                results = await run(front, jobs, on_delta, native.renames(req))
+                results = await run(front, jobs, on_delta, native.renames(req), so_far=so_far)
             if scope.cancelled_caught:
+                partial = so_far[0] or Result(jobs[0].rid, [Seq()])  # (None: never started)
                 partial.aborted = "cancelled by the client"
                 results = [partial]
             await self._frame(_done(front, cid, req, results[0], scope.cancelled_caught), sent)

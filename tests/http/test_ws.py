@@ -509,3 +509,28 @@ async def test_a_cancel_before_the_first_delta_answers_with_a_whole_meta_info(
     assert {"prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency"} <= set(meta)
     assert meta["finish_reason"]["type"] == "abort"
     assert [m["finish_reason"]["type"] for m in frame["meta_infos"]] == ["abort", "abort"]
+
+
+async def test_a_cancel_while_paused_counts_its_prompt(default_server: Server) -> None:
+    """Cancelled after its prompt was tokenized, before its first token (generation
+    paused): its done frame said prompt_tokens 0."""
+    body = {"type": "generate", "text": "And God said unto Moses"}
+    body["sampling_params"] = {"max_new_tokens": 20, "n": 2}
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
+        assert (await client.post("/pause_generation")).status_code == 200
+        try:
+            async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
+                await ws.send_message(json.dumps({"id": "p", **body}))
+                with trio.fail_after(30):  # in the paused scheduler: its prompt tokenized
+                    while not (default_server.info()["scheduler"] or {}).get("requests"):
+                        await trio.sleep(0.05)
+                await trio.sleep(0.2)  # (the ids reach the front beside it, on another ring)
+                await ws.send_message(json.dumps({"id": "p", "type": "cancel"}))
+                frame = await receive(ws)
+        finally:
+            await client.post("/continue_generation")
+    assert frame["type"] == "done", frame
+    assert frame["meta_info"]["prompt_tokens"] > 5
+    assert all(
+        m["prompt_tokens"] == frame["meta_info"]["prompt_tokens"] for m in frame["meta_infos"]
+    )
