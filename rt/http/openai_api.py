@@ -220,6 +220,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
     }
     skip_special = req.skip_special_tokens is not False  # the output's text leaves them out
     as_ids = bool(req.return_tokens_as_token_ids)
+    spaced = _spaced(req, skip_special)
     if req.stream:
         await _stream_completions(front, ex, req, jobs, head, echoes, n, rename, skip_special)
         return
@@ -249,6 +250,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                             None if skip_special else seq.text,
                             len(echoes[i]),
                             as_ids,
+                            spaced,
                         ),
                     )
                     if req.logprobs is not None
@@ -277,6 +279,12 @@ def _echo_kept(front: Front, echoes: list[str], i: int, result: Result) -> None:
         echoes[i] = front.tokens.decode(result.kept_ids)
 
 
+def _spaced(req: CompletionRequest, skip_special: bool) -> bool:
+    """The text sets each special token it shows apart by spaces (the detokenizer's
+    ``spaces_between_special_tokens``, on by default)."""
+    return not skip_special and req.spaces_between_special_tokens is not False
+
+
 def _prompts(prompt: Any) -> list[Any]:
     if isinstance(prompt, str):
         return [prompt]
@@ -301,6 +309,7 @@ async def _stream_completions(
     offsets: dict[int, TextCursor] = {}  # where the next token's text starts, per choice
     extra = ChunkUsage(req.stream_options)
     as_ids = bool(req.return_tokens_as_token_ids)
+    spaced = _spaced(req, skip_special)
 
     def choice(
         index: int, text: str, seq: Seq, delta: Delta | None, finish: str | None, echo: Any = None
@@ -318,6 +327,7 @@ async def _stream_completions(
                 None if skip_special else seq.text,
                 len(echoes[index // n]),
                 as_ids,
+                spaced,
             )
             if echo is not None:
                 logprobs = with_echo(

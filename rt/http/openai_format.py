@@ -74,6 +74,7 @@ def completion_logprobs(
     choice_text: str | None = None,
     base: int = 0,
     as_ids: bool = False,
+    spaced: bool = False,
 ) -> dict[str, Any]:
     """The legacy completions format; ``cursor``: where these tokens' text starts in
     the choice's text (see text_offsets, with ``choice_text`` and ``base``), moved
@@ -85,7 +86,7 @@ def completion_logprobs(
         "tokens": [name(t) for t in ids],
         "token_logprobs": list(logprobs),
         "top_logprobs": _tops(front, ids, logprobs, tops, as_ids),
-        "text_offset": text_offsets(front, ids, cursor, skip_special, choice_text, base),
+        "text_offset": text_offsets(front, ids, cursor, skip_special, choice_text, base, spaced),
     }
 
 
@@ -120,37 +121,56 @@ def text_offsets(
     skip_special: bool,
     text: str | None = None,
     base: int = 0,
+    spaced: bool = False,
 ) -> list[int]:
     """Where each token starts in the choice's text (``cursor`` moved past them):
     each token is as long as its own bytes decode to, but a special token the text
     leaves out is not there at all (an output's, with ``skip_special``; the BOS
-    the tokenizer put before an echoed ``text``, which does not hold it). With
-    ``text`` (the choice's text from ``base`` on, or so much of it as has come),
-    a special token is there if the text has it, and the space the detokenizer
-    puts on either side of one (``spaces_between_special_tokens``) is passed over."""
+    the tokenizer put before an echoed ``text``, which does not hold it). Next to
+    a special token the text shows, the detokenizer sets a space (``spaced``:
+    ``spaces_between_special_tokens``). Where ``text`` (the choice's text from
+    ``base`` on, so much of it as has come) reaches, it decides both; past its
+    end (text a stop string holds back, or cut off by one), the rule does: a
+    stream and the whole answer give the same offsets."""
     offsets = []
     for t in ids:
         special = front.tokens.special(t)
         token = front.tokens.text(t) if special else None
-        if text is not None and (cursor.near or special):
-            at = cursor.at - base
-            piece = (
-                token
-                if token is not None
-                else bytes(front.tokens.bytes(t)).decode("utf-8", "replace")
-            )
-            if piece and not text.startswith(piece, at) and text.startswith(" " + piece, at):
-                cursor.at += 1  # the space set between a special token and its neighbour
+        if cursor.near or (special and not skip_special):
+            piece = token if token is not None else _piece(front, t)
+            if _space_before(text, cursor.at - base, piece, spaced):
+                cursor.at += 1
         offsets.append(cursor.at)
         cursor.near = False
         if token is not None:
-            shown = not skip_special if text is None else text.startswith(token, cursor.at - base)
+            at = cursor.at - base
+            if text is not None and len(text) - at >= len(token):  # it reaches: it says
+                shown = text.startswith(token, at)
+            else:
+                shown = not skip_special
             if shown:
                 cursor.advance(token.encode())
                 cursor.near = True
             continue
         cursor.advance(bytes(front.tokens.bytes(t)))
     return offsets
+
+
+def _piece(front: Front, t: int) -> str:
+    return bytes(front.tokens.bytes(t)).decode("utf-8", "replace")
+
+
+def _space_before(text: str | None, at: int, piece: str, spaced: bool) -> bool:
+    """Whether the text has a space at ``at`` before ``piece`` (next to a special
+    token): as the text says where it reaches, else as the detokenizer sets them."""
+    if text is not None:
+        if text.startswith(piece, at):
+            return False
+        if text.startswith(" " + piece, at):
+            return True
+        if len(text) - at > len(piece):  # it reaches past, and has neither
+            return False
+    return spaced
 
 
 def echo_logprobs(
@@ -166,7 +186,8 @@ def echo_logprobs(
         "tokens": [name(t) for t in prompt.ids],
         "token_logprobs": [None, *prompt.logprobs],
         "top_logprobs": [None, *tops],
-        "text_offset": text_offsets(front, prompt.ids, TextCursor(), False, echo),
+        # (the echo is the whole prompt's text: a special token it does not reach is not in it)
+        "text_offset": text_offsets(front, prompt.ids, TextCursor(), True, echo),
     }
 
 

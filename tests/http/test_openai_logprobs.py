@@ -203,7 +203,9 @@ def test_offsets_pass_over_the_spaces_set_around_a_shown_special_token(
         "skip_special_tokens": False,
         "ignore_eos": True,
     }
-    for body in (base, {**base, "echo": True}):
+    # a stop string holds text back in a stream: the offsets past it follow the same rule
+    held = {**base, "stop": ["\n\n"]}
+    for body in (base, {**base, "echo": True}, held, {**held, "echo": True}):
         whole = http.post("/v1/completions", json=body).json()["choices"][0]
         assert " <|user|> " in whole["text"]
         assert_offsets_place_tokens(whole["text"], whole["logprobs"], {"<|bos|>"})
