@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import uuid
@@ -121,18 +122,16 @@ async def model_info(front: Front, ex: Exchange) -> None:
     read when they connect."""
     options = front.engine.options
     path = options.resolved_model_path()
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        config = {}
-    config = config if isinstance(config, dict) else {}
+    config = _model_config(path)
+    defaults = front.engine.sampling_defaults
     await ex.json(
         {
             "model_path": path,
             "tokenizer_path": options.resolved_tokenizer_path(),
             "is_generation": True,
-            "preferred_sampling_params": front.engine.sampling_defaults or None,
+            # (SGLang's is its --preferred-sampling-params, a JSON text; rt's are the
+            # defaults the model's generation_config.json sets)
+            "preferred_sampling_params": json.dumps(defaults) if defaults else None,
             "weight_version": "default",
             "has_image_understanding": False,
             "has_audio_understanding": False,
@@ -140,6 +139,17 @@ async def model_info(front: Front, ex: Exchange) -> None:
             "architectures": config.get("architectures"),
         }
     )
+
+
+@functools.cache
+def _model_config(path: str) -> dict[str, Any]:
+    """The model's config.json (read once: the event loop waits on the disk)."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _cpus(pid: int | None) -> str | None:
