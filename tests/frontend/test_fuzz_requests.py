@@ -302,6 +302,12 @@ def other_args() -> dict[str, Arg]:
         "skip_special_tokens": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "spaces_between_special_tokens": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "allow_auto_truncate": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
+        "add_special_tokens": arg(  # (None: the prompt's kind decides)
+            st.none() | st.booleans(),
+            NOT_BOOL.filter(lambda v: v is not None),
+            ok_edges=[None, True, False],
+            bad_edges=[0, 1, "true", "", 1.0],
+        ),
         "truncate_prompt_tokens": arg(
             st.none() | st.just(-1) | st.integers(1, 10**20),
             st.one_of(NOT_NUMBER, st.floats(), st.integers(max_value=0).filter(lambda v: v != -1)),

@@ -211,7 +211,9 @@ async def test_a_reader_that_falls_behind_gets_fewer_bigger_chunks(tiny_model) -
             await engine.scheduler_stats(lambda s: s.steps > before.steps and s.requests == 0)
         rest = [c async for c in stream]
         chunks = [first, *rest]
-        assert len(rest) < GREEDY["max_new_tokens"] - len(first.output_ids)
+        remaining = GREEDY["max_new_tokens"] - len(first.output_ids)
+        # (under load, the first read may find them all made already: one chunk)
+        assert len(rest) < remaining or len(rest) == remaining == 0
         assert [t for c in chunks for t in c.output_ids] == list(want.output_ids)
         assert "".join(c.text for c in chunks) == want.text
         assert all(len(c.logprobs or ()) == len(c.output_ids) for c in chunks)
