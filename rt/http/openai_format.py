@@ -58,7 +58,16 @@ class TextCursor:
     def __init__(self, at: int = 0) -> None:
         self.at = at
         self.near = False  # the last token was a special token the text shows
+        self.fresh = True  # no token placed yet
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def settle(self, data: bytes) -> None:
+        """Before a token of bytes ``data`` is placed: the bytes of a character
+        begun before it that ``data`` cannot go on with end there, as one U+FFFD
+        each (the text shows it before this token's text, not within it)."""
+        pending, _ = self._utf8.getstate()
+        if pending and data and not 0x80 <= data[0] < 0xC0:  # (no continuation byte)
+            self.at += len(self._utf8.decode(b"", True))
 
     def advance(self, data: bytes) -> None:
         self.at += len(self._utf8.decode(data))
@@ -136,12 +145,23 @@ def text_offsets(
     for t in ids:
         special = front.tokens.special(t)
         token = front.tokens.text(t) if special else None
+        data = token.encode() if token is not None else bytes(front.tokens.bytes(t))
+        cursor.settle(data)
         if cursor.near or (special and not skip_special):
             piece = token if token is not None else _piece(front, t)
             if _space_before(text, cursor.at - base, piece, spaced):
                 cursor.at += 1
+        elif (
+            cursor.fresh
+            and not skip_special
+            and _space_before(text, cursor.at - base, _piece(front, t), False)
+        ):
+            # the first token after a prompt that ends in a special token: the text
+            # begins with the space set after it (where the text says so: the
+            # prompt's last token is not known here)
+            cursor.at += 1
         offsets.append(cursor.at)
-        cursor.near = False
+        cursor.near = cursor.fresh = False
         if token is not None:
             at = cursor.at - base
             if text is not None and len(text) - at >= len(token):  # it reaches: it says
@@ -149,10 +169,10 @@ def text_offsets(
             else:
                 shown = not skip_special
             if shown:
-                cursor.advance(token.encode())
+                cursor.advance(data)
                 cursor.near = True
             continue
-        cursor.advance(bytes(front.tokens.bytes(t)))
+        cursor.advance(data)
     return offsets
 
 

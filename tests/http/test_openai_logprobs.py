@@ -212,6 +212,14 @@ def test_offsets_pass_over_the_spaces_set_around_a_shown_special_token(
         chunks = [e["choices"][0] for e in streamed(http, "/v1/completions", body) if e["choices"]]
         offsets = [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
         assert offsets == whole["logprobs"]["text_offset"]
+    # a prompt that ends in a special token: the text begins with the space set after
+    # it, before a first token that is none (every token pointed a character early)
+    after = {**base, "prompt": "And God said<|system|>", "logit_bias": {}}
+    for body in (after, {**after, "echo": True}):
+        whole = http.post("/v1/completions", json=body).json()["choices"][0]
+        start = len(after["prompt"]) if "echo" in body else 0
+        assert whole["text"][start] == " "  # (the one set after <|system|>)
+        assert_offsets_place_tokens(whole["text"], whole["logprobs"], {"<|bos|>"})
 
 
 def test_return_tokens_as_token_ids_names_each_token_by_its_id(http: httpx.Client) -> None:
