@@ -1,5 +1,6 @@
-"""Health, state and control: ``/health``, ``/health_generate``, ``/server_info``,
-``/metrics``, ``/abort_request``, ``/flush_cache``, ``/pause_generation``,
+"""Health, state and control: ``/health`` (and ``/ping``), ``/health_generate``,
+``/version``, ``/server_info``, ``/get_model_info``, ``/metrics``,
+``/abort_request``, ``/flush_cache``, ``/pause_generation``,
 ``/continue_generation``."""
 
 from __future__ import annotations

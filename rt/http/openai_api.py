@@ -219,11 +219,10 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         "model": served_name(front),
     }
     skip_special = req.skip_special_tokens is not False  # the output's text leaves them out
-    as_ids = bool(req.return_tokens_as_token_ids)
-    spaced = _spaced(req, skip_special)
     if req.stream:
         await _stream_completions(front, ex, req, jobs, head, echoes, n, rename, skip_special)
         return
+    as_ids, spaced = bool(req.return_tokens_as_token_ids), _spaced(req, skip_special)
     async with ex.cancel_on_disconnect():
         results = await run(front, jobs, rename=rename)
     if ex.disconnected:

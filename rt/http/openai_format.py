@@ -147,14 +147,14 @@ def text_offsets(
         token = front.tokens.text(t) if special else None
         data = token.encode() if token is not None else bytes(front.tokens.bytes(t))
         cursor.settle(data)
+        piece = data.decode("utf-8", "replace")
         if cursor.near or (special and not skip_special):
-            piece = token if token is not None else _piece(front, t)
             if _space_before(text, cursor.at - base, piece, spaced):
                 cursor.at += 1
         elif (
             cursor.fresh
             and not skip_special
-            and _space_before(text, cursor.at - base, _piece(front, t), False)
+            and _space_before(text, cursor.at - base, piece, False)
         ):
             # the first token after a prompt that ends in a special token: the text
             # begins with the space set after it (where the text says so: the
@@ -174,10 +174,6 @@ def text_offsets(
             continue
         cursor.advance(data)
     return offsets
-
-
-def _piece(front: Front, t: int) -> str:
-    return bytes(front.tokens.bytes(t)).decode("utf-8", "replace")
 
 
 def _space_before(text: str | None, at: int, piece: str, spaced: bool) -> bool:
