@@ -18,6 +18,7 @@ from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta, TopLogprobs
 from rt.http.front import PROMPT, Front
 from rt.http.generation import Job, Result, Seq, run
+from rt.http.openai_api import check_model
 from rt.http.schemas import GenerateRequest, SamplingParams, parse
 
 
@@ -109,12 +110,13 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
         raise HTTPError(
             400, f"rid: expected one per prompt ({len(prompts)}), got {len(rids)}", param="rid"
         )
-    start = req.logprob_start_len
-    if start is not None and (start < -1 or (start >= 0 and not req.return_logprob)):
+    check_model(front, req.model)
+    start = req.logprob_start_len if req.return_logprob else None  # (else unread, as SGLang's)
+    if start is not None and start < -1:
         raise HTTPError(
             400,
-            "logprob_start_len: expected -1 (no prompt logprobs), or a prompt position >= 0 "
-            f"with return_logprob=true, got {start}",
+            "logprob_start_len: expected -1 (no prompt logprobs), or a prompt position >= 0, "
+            f"got {start}",
             param="logprob_start_len",
         )
     base = req.rid if isinstance(req.rid, str) and req.rid else uuid.uuid4().hex  # "": none
@@ -122,6 +124,9 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
     for i, (prompt, params) in enumerate(zip(prompts, per_prompt, strict=True)):
         options = params.model_dump(exclude_none=True)
         options["allow_auto_truncate"] = front.settings.allow_auto_truncate
+        prompt_only = options.get("max_new_tokens") == 0
+        if prompt_only:  # SGLang's prefill alone (a prefix cached, a prompt scored)
+            _prompt_only(options, params_where_of(sampling, i))
         if req.return_logprob:  # (top_logprobs_num alone asks for nothing, as SGLang's)
             options["logprobs"] = True
             options["top_logprobs"] = req.top_logprobs_num or 0
@@ -137,10 +142,32 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
         where = f"{'text' if req.text is not None else 'input_ids'}[{i}]" if batch else None
         params_where = f"sampling_params[{i}]" if isinstance(sampling, list) else None
         if isinstance(prompt, list):
-            jobs.append(Job(None, {**options, "input_ids": prompt}, rid, of, where, params_where))
+            job = Job(None, {**options, "input_ids": prompt}, rid, of, where, params_where)
         else:
-            jobs.append(Job(prompt, options, rid, of, where, params_where))
+            job = Job(prompt, options, rid, of, where, params_where)
+        job.prompt_only = prompt_only
+        jobs.append(job)
     return jobs, batch
+
+
+def params_where_of(sampling: Any, i: int) -> str:
+    """Where prompt i's sampling parameters are in the body."""
+    return f"sampling_params[{i}]" if isinstance(sampling, list) else "sampling_params"
+
+
+def _prompt_only(options: dict[str, Any], where: str) -> None:
+    """``max_new_tokens: 0``: the engine draws one token, which is dropped
+    (``Job.prompt_only``); nothing may end it early or name a stop it matched."""
+    if options.get("min_new_tokens"):
+        raise HTTPError(
+            400,
+            f"{where}.min_new_tokens: expected at most max_new_tokens (0), "
+            f"got {options['min_new_tokens']}",
+            param=f"{where}.min_new_tokens",
+        )
+    for name in ("stop", "stop_token_ids", "min_new_tokens"):
+        options.pop(name, None)
+    options["max_new_tokens"], options["ignore_eos"] = 1, True
 
 
 def output(front: Front, req: GenerateRequest, result: Result, seq: Seq, j: int) -> dict[str, Any]:
@@ -156,6 +183,9 @@ def output(front: Front, req: GenerateRequest, result: Result, seq: Seq, j: int)
         text = front.tokens.text if req.return_text_in_logprobs else None
         meta.update(output_logprobs(front, req, seq.output_ids, seq.logprobs, seq.top_logprobs))
         prompt, start = result.prompt, req.logprob_start_len or 0
+        meta["input_token_logprobs"] = []  # (SGLang's has the key always)
+        if req.top_logprobs_num:
+            meta["input_top_logprobs"] = []
         if prompt is not None:  # from position logprob_start_len; the first token has none
             lps: list[float | None] = [None, *prompt.logprobs]
             meta["input_token_logprobs"] = [

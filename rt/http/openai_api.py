@@ -83,7 +83,9 @@ async def models(front: Front, ex: Exchange, model_id: str | None = None) -> Non
 
 
 def check_model(front: Front, model: str | None) -> None:
-    if model and model != served_name(front):  # ("" is none, as vLLM takes it)
+    """The model a body names: the served one, or "default" (SGLang's name for
+    it, which its clients send) ("" is none, as vLLM takes it)."""
+    if model and model not in (served_name(front), "default"):
         raise HTTPError(
             404,
             f"the model {model!r} does not exist; this server serves {served_name(front)!r} "
@@ -152,6 +154,18 @@ def _check_ids(prompts: list[Any], vocab_size: int) -> None:
 
 def _finish(seq: Seq, result: Result) -> str | None:
     return seq.finish_reason or ("abort" if result.aborted else None)
+
+
+def stop_reason(req: OpenAISampling, seq: Seq) -> int | str | None:
+    """vLLM's ``stop_reason``: the stop string, or the ``stop_token_ids`` id, that
+    ended the choice; None for the end of text (EOS) or its length. (SGLang's
+    ``matched_stop`` names the EOS id too.)"""
+    stop = seq.matched_stop
+    if seq.finish_reason != "stop" or stop is None:
+        return None
+    if isinstance(stop, str) or stop in (req.stop_token_ids or ()):
+        return stop
+    return None
 
 
 # ---- /v1/completions ----------------------------------------------------------------
@@ -256,6 +270,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                     else None,
                     "finish_reason": _finish(seq, result),
                     "matched_stop": seq.matched_stop,
+                    "stop_reason": stop_reason(req, seq),
                 }
             )
     await ex.json({**head, "choices": choices, "usage": usage(results)})
@@ -338,6 +353,7 @@ async def _stream_completions(
             "logprobs": logprobs,
             "finish_reason": finish,
             "matched_stop": seq.matched_stop if finish else None,
+            "stop_reason": stop_reason(req, seq) if finish else None,
         }
 
     def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
@@ -394,9 +410,22 @@ def template_variables(req: ChatCompletionRequest) -> dict[str, Any] | None:
 
 async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     req = parse(ChatCompletionRequest, body)
+    # no tools, or none to call (tool_choice "none": the tools are left out of the
+    # prompt, as vLLM's --exclude-tools-when-tool-choice-none does)
+    idle = req.tool_choice == "none" or (req.tool_choice is None and not req.tools)
+    if req.tools is not None and not isinstance(req.tools, list):
+        raise HTTPError(
+            400, f"tools: expected a list of tools, got {show(req.tools)}", param="tools"
+        )
     for name in ("tools", "tool_choice", "functions", "function_call"):
-        if getattr(req, name) not in (None, [], "none"):  # no tools, or none to call: as asked
-            raise HTTPError(400, f"{name}: not supported (rt has no tool calling yet)", param=name)
+        value = getattr(req, name)
+        if value not in (None, [], "none") and not (name == "tools" and idle):
+            raise HTTPError(
+                400,
+                f"{name}: not supported (rt has no tool calling yet); tool_choice 'none' "
+                "with tools is served, without them",
+                param=name,
+            )
     for name, what in (("audio", "audio output"), ("web_search_options", "web search")):
         if getattr(req, name) is not None:
             raise HTTPError(400, f"{name}: not supported (rt has no {what})", param=name)
@@ -457,6 +486,7 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
             else None,
             "finish_reason": _finish(seq, result),
             "matched_stop": seq.matched_stop,
+            "stop_reason": stop_reason(req, seq),
         }
         for j, seq in enumerate(result.seqs)
     ]
@@ -475,11 +505,18 @@ async def _stream_chat(
     extra = ChunkUsage(req.stream_options)
     as_ids = bool(req.return_tokens_as_token_ids)
 
+    def opening(j: int, result: Result) -> list[Any]:
+        """A choice's first chunk: its role alone, as OpenAI's and vLLM's."""
+        if j in started:
+            return []
+        started.add(j)
+        choice = {"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+        none = {"finish_reason": None, "matched_stop": None, "stop_reason": None}
+        return [{**head, "choices": [choice | none], **extra(result, Seq())}]
+
     def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
+        events = opening(delta.index, result)
         message: dict[str, Any] = {"content": delta.text}
-        if delta.index not in started:
-            started.add(delta.index)
-            message = {"role": "assistant", **message}
         logprobs = None
         if req.logprobs:
             logprobs = chat_logprobs(
@@ -492,20 +529,18 @@ async def _stream_chat(
             "logprobs": logprobs,
             "finish_reason": delta.finish_reason,
             "matched_stop": seq.matched_stop if delta.finish_reason else None,
+            "stop_reason": stop_reason(req, seq) if delta.finish_reason else None,
         }
-        return [{**head, "choices": [choice], **extra(result, seq)}]
+        return [*events, {**head, "choices": [choice], **extra(result, seq)}]
 
     def tail_of(results: list[Result]) -> list[Any]:
         result = results[0]
-        events: list[Any] = [
-            {
-                **head,
-                "choices": [{"index": j, "delta": {}, "logprobs": None, "finish_reason": "abort"}],
-                **extra(result, seq),
-            }
-            for j, seq in enumerate(result.seqs)
-            if seq.finish_reason is None and result.aborted
-        ]
+        events: list[Any] = []
+        for j, seq in enumerate(result.seqs):
+            if seq.finish_reason is None and result.aborted:
+                choice = {"index": j, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+                events += opening(j, result)
+                events.append({**head, "choices": [choice], **extra(result, seq)})
         if extra.last:
             events.append({**head, "choices": [], "usage": usage(results)})
         return events

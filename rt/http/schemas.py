@@ -2,9 +2,14 @@
 OpenAPI document (``/openapi.json``).
 
 Validation is strict (JSON types as written: ``"2"`` is not a number, ``1``
-is not a bool) and an unknown field is refused: a misspelt sampling
-parameter silently ignored would be a wrong answer, not a lenient one. A
-``null`` means "not given". Ranges are left to the engine, whose messages
+is not a bool; but a whole float is an integer, ``2.0`` as ``2``, as Python's
+``/`` makes them) and an unknown field is refused: a misspelt sampling
+parameter silently ignored would be a wrong answer, not a lenient one. But an
+unknown field that asks for nothing (``null``, ``false``, ``[]``, ``{}``, or a
+default in ``FOREIGN_DEFAULTS``) is left out, with a log line, as vLLM and
+SGLang ignore it: clients written for them send their whole set of options
+(SGLang's ``sgl.gen`` sends ``"regex": null``, its bench ``"lora_path": null``).
+A ``null`` means "not given". Ranges are left to the engine, whose messages
 name the field (``rt.frontend.requests``): one place decides what a valid
 temperature is.
 """
@@ -15,17 +20,29 @@ import contextlib
 import functools
 import gc
 import json
+import logging
 import typing
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from rt.gpu.sampling_params import show
 from rt.http.asgi import HTTPError
 
+log = logging.getLogger(__name__)
+
+
+def _whole(value: Any) -> Any:
+    """A float with no fraction as the integer it is (``2.0``: 2); else as it came."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_whole)]
 STRICT = ConfigDict(extra="forbid", strict=True)
 # Every list and dict stops at its first bad item. pydantic's default reports them
 # all, each error holding hundreds of bytes: a 13 MiB body of nulls as a prompt took
@@ -43,11 +60,11 @@ class SamplingParams(BaseModel):
     """SGLang's ``sampling_params`` (the subset rt implements)."""
 
     model_config = STRICT
-    max_new_tokens: int | None = None
-    min_new_tokens: int | None = None
+    max_new_tokens: Int | None = None
+    min_new_tokens: Int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int | None = None
     min_p: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -60,32 +77,11 @@ class SamplingParams(BaseModel):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    n: int | None = None
-    seed: int | None = Field(
+    n: Int | None = None
+    seed: Int | None = Field(
         default=None, description="the sampling seed; each of the n samples derives its own"
     )
     logit_bias: Annotated[dict[str, float], FAST] | None = None
-
-
-class GenerateRequest(BaseModel):
-    """``POST /generate`` (SGLang's native API). One of ``text`` or
-    ``input_ids``; a list of them is a batch, answered with a list."""
-
-    model_config = STRICT
-    text: str | Strs | None = None
-    input_ids: Ints | IntLists | None = None
-    sampling_params: SamplingParams | Annotated[list[SamplingParams], FAST] | None = None
-    stream: bool | None = None
-    return_logprob: bool | None = None
-    top_logprobs_num: int | None = None
-    return_text_in_logprobs: bool | None = None
-    logprob_start_len: int | None = Field(
-        default=None,
-        description="with return_logprob: the prompt's logprobs from this position "
-        "(input_token_logprobs); -1 or absent: none",
-    )
-    rid: str | Strs | None = None
-    priority: int | None = None
 
 
 class StreamOptions(BaseModel):
@@ -99,6 +95,31 @@ class StreamOptions(BaseModel):
     )
 
 
+class GenerateRequest(BaseModel):
+    """``POST /generate`` (SGLang's native API). One of ``text`` or
+    ``input_ids``; a list of them is a batch, answered with a list."""
+
+    model_config = STRICT
+    text: str | Strs | None = None
+    input_ids: Ints | IntLists | None = None
+    sampling_params: SamplingParams | Annotated[list[SamplingParams], FAST] | None = None
+    stream: bool | None = None
+    return_logprob: bool | None = None
+    top_logprobs_num: Int | None = None
+    return_text_in_logprobs: bool | None = None
+    logprob_start_len: Int | None = Field(
+        default=None,
+        description="with return_logprob: the prompt's logprobs from this position "
+        "(input_token_logprobs); -1 or absent: none",
+    )
+    rid: str | Strs | None = None
+    priority: Int | None = None
+    model: str | None = Field(default=None, description="the served model's name, if given")
+    stream_options: StreamOptions | None = Field(
+        default=None, description="accepted and ignored: each event's meta_info has the counts"
+    )
+
+
 class OpenAISampling(BaseModel):
     """Fields the two OpenAI generation endpoints share, with vLLM's and
     SGLang's usual extensions (``top_k``, ``min_p``, ``repetition_penalty``,
@@ -106,21 +127,21 @@ class OpenAISampling(BaseModel):
 
     model_config = STRICT
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int | None = None
+    n: Int | None = None
     stop: Stop | None = None
-    seed: int | None = None
+    seed: Int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: Annotated[dict[str, float], FAST] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    top_k: int | None = None
+    top_k: Int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    min_tokens: Int | None = None
     ignore_eos: bool | None = None
     stop_token_ids: Ints | None = None
     include_stop_str_in_output: bool | None = Field(
@@ -130,7 +151,7 @@ class OpenAISampling(BaseModel):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     rid: str | None = Field(default=None, description="the request id, for /abort_request")
-    priority: int | None = None
+    priority: Int | None = None
     add_special_tokens: bool | None = Field(
         default=None,
         description="add the tokenizer's special tokens (BOS) to the prompt; default: "
@@ -139,7 +160,7 @@ class OpenAISampling(BaseModel):
     return_tokens_as_token_ids: bool | None = Field(
         default=None, description="logprobs name each token 'token_id:N' (vLLM)"
     )
-    truncate_prompt_tokens: int | None = Field(
+    truncate_prompt_tokens: Int | None = Field(
         default=None,
         description="keep the prompt's last k tokens; -1: cut it to fit the context (vLLM)",
     )
@@ -159,8 +180,8 @@ class CompletionRequest(OpenAISampling):
 
     prompt: Prompt
     echo: bool | None = None
-    logprobs: int | None = Field(default=None, description="the number of top logprobs per token")
-    best_of: int | None = Field(
+    logprobs: Int | None = Field(default=None, description="the number of top logprobs per token")
+    best_of: Int | None = Field(
         default=None, description="only equal to n: rt returns every sample"
     )
     suffix: str | None = Field(default=None, description="not supported (no fill-in-the-middle)")
@@ -178,9 +199,9 @@ class ChatCompletionRequest(OpenAISampling):
     """``POST /v1/chat/completions``."""
 
     messages: Annotated[list[ChatMessage], FAST]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
     # Refused when set: rt has no tool calling or constrained decoding yet.
     tools: Any = None
     tool_choice: Any = None
@@ -329,8 +350,11 @@ def _prepared(model: type[BaseModel], obj: dict[str, Any], at: tuple[Any, ...]) 
     fields, out, extra = model.model_fields, obj, model.model_config.get("extra")
     if extra == "forbid":
         unknown = [k for k in obj if k not in fields]
-        if len(unknown) > 1:
-            out = {k: v for k, v in obj.items() if k in fields or k == unknown[0]}
+        if unknown:
+            idle = [k for k in unknown if asks_nothing(k, obj[k])]
+            _note_ignored(model, at, idle)
+            first = next((k for k in unknown if k not in idle), None)
+            out = {k: v for k, v in obj.items() if k in fields or k == first}
     elif extra == "allow":  # (kept as they are: of any length)
         for name, value in out.items():
             if name not in fields and isinstance(value, list | dict):
@@ -352,6 +376,44 @@ def _prepared(model: type[BaseModel], obj: dict[str, Any], at: tuple[Any, ...]) 
             out = dict(out) if out is obj else out
             out[name] = new
     return out
+
+
+# Fields of vLLM's and SGLang's that rt does not take, at the value that asks for
+# nothing (besides null, false, [] and {}): a client that sends its defaults is served.
+FOREIGN_DEFAULTS: dict[str, Any] = {
+    "length_penalty": 1.0,  # vLLM's beam search, off
+    "response_format": {"type": "text"},  # /v1/completions (vLLM takes it there)
+    "logprob_start_len": -1,  # SGLang's, in the OpenAI bodies
+}
+_IGNORED_NAMES_LOGGED = 256  # a bound on the names logged (a client may send many)
+_ignored_logged: set[str] = set()
+
+
+def asks_nothing(name: str, value: Any) -> bool:
+    """An unknown field's value that asks for nothing: left out, not refused."""
+    if value is None or value is False:
+        return True
+    if type(value) in (list, dict) and not value:
+        return True
+    default = FOREIGN_DEFAULTS.get(name, _ABSENT)
+    if type(default) in (int, float):  # (true is no number here, though Python's 1)
+        return type(value) in (int, float) and value == default
+    return bool(value == default)
+
+
+_ABSENT = object()
+
+
+def _note_ignored(model: type[BaseModel], at: tuple[Any, ...], names: list[str]) -> None:
+    """A log line the first time each field is left out (as vLLM logs each request's)."""
+    for name in names:
+        where = _path((*at, name))
+        key = f"{model.__name__}.{where}"
+        if key not in _ignored_logged and len(_ignored_logged) < _IGNORED_NAMES_LOGGED:
+            _ignored_logged.add(key)
+            log.info(
+                "%s: field %s is not rt's and asks for nothing: ignored", model.__name__, where
+            )
 
 
 def _check_length(value: list[Any] | dict[str, Any], at: tuple[Any, ...], ids: bool) -> None:

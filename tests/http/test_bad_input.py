@@ -51,10 +51,15 @@ CASES: list[tuple[str, Any, str]] = [
     ("/generate", {"text": "x", "sampling_params": {"temperature": float("nan")}}, "temperature"),
     ("/generate", {"text": "x", "sampling_params": {"top_p": 0}}, "top_p"),
     ("/generate", {"text": "x", "sampling_params": {"top_k": 1.5}}, "top_k"),
-    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 0}}, "max_new_tokens"),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"max_new_tokens": 0, "min_new_tokens": 1}},
+        "min",
+    ),
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 10**30}}, "max_new_tokens"),
     ("/generate", {"text": "x", "sampling_params": {"n": 0}}, "n"),
-    ("/generate", {"text": "x", "sampling_params": {"n": 2.0}}, "n"),
+    ("/generate", {"text": "x", "sampling_params": {"n": 2.5}}, "n"),
     # a huge n once made the server allocate n result slots before the engine
     # refused it: the main process hung (found by rt-chaos --duration 10m --seed 7)
     ("/generate", {"text": "x", "sampling_params": {"n": 2**63}}, "n"),
@@ -70,7 +75,6 @@ CASES: list[tuple[str, Any, str]] = [
     ("/generate", {"text": "x", "bogus": 1}, "bogus"),
     ("/generate", {"text": "x", "top_logprobs_num": -1, "return_logprob": True}, "top_logprobs"),
     ("/generate", {"text": ["a", "b"], "sampling_params": [ONE]}, "sampling_params"),
-    ("/generate", {"text": "x", "logprob_start_len": 0}, "logprob_start_len"),
     ("/generate", {"text": "x", "logprob_start_len": -2, "return_logprob": True}, "logprob_start"),
     # past the prompt's last position: once 200 with no prompt logprobs; SGLang refuses it
     ("/generate", {"input_ids": [5, 6, 7], "logprob_start_len": 3, "return_logprob": True}, "3 t"),
@@ -180,7 +184,7 @@ NAMED: list[tuple[str, Any, str]] = [
     # one prompt: the field as the body has it, not as the engine does
     (
         "/generate",
-        {"text": "x", "sampling_params": {"max_new_tokens": 0}},
+        {"text": "x", "sampling_params": {"max_new_tokens": -1}},
         "sampling_params.max_new_tokens",
     ),
     (

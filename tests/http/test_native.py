@@ -165,8 +165,60 @@ def test_prompt_logprobs_from_logprob_start_len(default_server: Server) -> None:
     assert all(len(top) == 2 and top[0][0] >= top[1][0] for top in whole["input_top_logprobs"][1:])
     tail = generate(default_server, {**body, "logprob_start_len": 3})["meta_info"]
     assert tail["input_token_logprobs"] == whole["input_token_logprobs"][3:]
-    plain = generate(default_server, body)["meta_info"]
-    assert "input_token_logprobs" not in plain
+    plain = generate(default_server, body)["meta_info"]  # no start: none, but the keys are
+    assert plain["input_token_logprobs"] == [] and plain["input_top_logprobs"] == []  # (SGLang's)
+
+
+def test_max_new_tokens_0_reads_the_prompt_alone(default_server: Server) -> None:
+    """SGLang's prefill-only request (its RuntimeEndpoint caches a prefix and scores
+    choices this way; it was a 400): no text, no ids, the prompt's logprobs those
+    of a request that generates; streamed too, and over a WebSocket's parse."""
+    body = {"text": "And God said, Let there be light", "return_logprob": True}
+    full = generate(
+        default_server,
+        {**body, "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 2}},
+    )
+    for params in ({"max_new_tokens": 0}, {"max_new_tokens": 0, "stop": "x", "n": 2}):
+        out = generate(default_server, {**body, "logprob_start_len": 0, "sampling_params": params})
+        for one in out if isinstance(out, list) else [out]:
+            meta = one["meta_info"]
+            assert (one["text"], one["output_ids"], meta["output_token_logprobs"]) == ("", [], [])
+            assert meta["finish_reason"] == {"type": "length", "length": 0}
+            assert meta["prompt_tokens"] == full["meta_info"]["prompt_tokens"]
+            assert meta["input_token_logprobs"] == full["meta_info"]["input_token_logprobs"]
+    streamed = events(
+        default_server, {"text": "In the", "sampling_params": {"max_new_tokens": 0}, "stream": True}
+    )
+    assert streamed[-1]["text"] == "" and streamed[-1]["output_ids"] == []
+    assert streamed[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+
+
+def test_what_sglangs_clients_send_is_served(default_server: Server) -> None:
+    """SGLang's ``sgl.gen`` sends ``regex: null`` among its sampling parameters, its
+    bench ``lora_path: null`` and ``stream_options``, others ``image_data: null``,
+    ``model``, a ``logprob_start_len`` without ``return_logprob`` (SGLang ignores it
+    then), a whole float for an integer: each was a 400. A field that asks for
+    something rt lacks still is one."""
+    params = {"max_new_tokens": 3.0, "temperature": 0, "regex": None, "json_schema": None}
+    body = {
+        "text": "And God said",
+        "sampling_params": params,
+        "lora_path": None,
+        "image_data": None,
+        "return_hidden_states": False,
+        "model": "default",
+        "logprob_start_len": 0,
+        "stream_options": {"include_usage": True},
+    }
+    out = generate(default_server, body)
+    assert len(out["output_ids"]) == 3 and "input_token_logprobs" not in out["meta_info"]
+    for extra, field in (
+        ({"lora_path": "adapter"}, "lora_path: unknown field"),
+        ({"sampling_params": {**params, "regex": "a+"}}, "sampling_params.regex: unknown field"),
+        ({"model": "other"}, "the model 'other' does not exist"),
+    ):
+        response = httpx.post(f"{default_server.url}/generate", json={**body, **extra}, timeout=60)
+        assert response.status_code in (400, 404) and field in response.text, response.text
 
 
 async def test_greedy_output_equals_open_engines(default_server: Server) -> None:

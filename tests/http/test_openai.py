@@ -76,7 +76,12 @@ def test_chat_stream_with_usage_in_the_last_chunk(client: openai.OpenAI) -> None
             **kwargs, stream=True, stream_options={"include_usage": True}
         )  # type: ignore[call-overload]
     )
-    assert chunks[0].choices[0].delta.role == "assistant"
+    # the first chunk is the role alone (OpenAI's and vLLM's), the others no role
+    assert (chunks[0].choices[0].delta.role, chunks[0].choices[0].delta.content) == (
+        "assistant",
+        "",
+    )
+    assert all(c.choices[0].delta.role is None for c in chunks[1:] if c.choices)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content  # the same seed: the same sample
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -392,6 +397,24 @@ def test_fields_that_ask_for_nothing_rt_lacks_are_accepted(client: openai.OpenAI
         client.chat.completions.create(
             model=model, messages=MESSAGES, max_tokens=2, tool_choice="required"
         )
+    # tools with none to call are served, without them (as vLLM's
+    # --exclude-tools-when-tool-choice-none): agent frameworks send their tools always
+    tool: Any = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    plain = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=4, temperature=0
+    )
+    served = client.chat.completions.create(
+        model=model,
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0,
+        tools=[tool],
+        tool_choice="none",
+    )
+    assert served.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="tools: not supported") as err:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, tools=[tool])
+    assert err.value.param == "tools"
     for name, value in (("audio", {"voice": "alloy", "format": "wav"}), ("web_search_options", {})):
         with pytest.raises(openai.BadRequestError, match=f"{name}: not supported") as err:
             client.chat.completions.create(
@@ -469,3 +492,60 @@ def test_the_chat_templates_variables(client: openai.OpenAI) -> None:
         prompt_tokens(chat_template_kwargs={"tokenize": True})
     with pytest.raises(openai.BadRequestError, match="at most one of them true"):
         prompt_tokens(add_generation_prompt=True, continue_final_message=True)
+
+
+def test_what_vllm_and_sglang_clients_send_and_ignore_is_served(client: openai.OpenAI) -> None:
+    """Fields of vLLM's and SGLang's that rt does not take, at values that ask for
+    nothing (null, false, {}, a default), as wrappers send their whole set of
+    options; a whole float for an integer (``max_tokens=n / 2``); SGLang's model
+    name "default". Each was a 400 or a 404; a value that asks for something
+    rt lacks still is a 400 naming the field."""
+    kwargs: Any = {"model": "default", "prompt": "And God said", "max_tokens": 3.0}
+    body = {
+        "use_beam_search": False,
+        "length_penalty": 1.0,
+        "prompt_logprobs": None,
+        "guided_json": None,
+        "structured_outputs": {},
+        "lora_path": None,
+        "response_format": {"type": "text"},
+        "ignore_eos": True,
+    }
+    out = client.completions.create(**kwargs, extra_body=body)
+    assert out.usage is not None and out.usage.completion_tokens == 3
+    chat = client.chat.completions.create(
+        model="default", messages=MESSAGES, max_tokens=2, extra_body={"echo": False, "regex": None}
+    )
+    assert chat.usage is not None and chat.usage.completion_tokens <= 2
+    for name, value in (("guided_json", {"type": "object"}), ("length_penalty", 0.5)):
+        with pytest.raises(openai.BadRequestError, match=f"{name}: unknown field") as err:
+            client.completions.create(**kwargs, extra_body={name: value})
+        assert err.value.param == name
+    with pytest.raises(openai.BadRequestError, match="max_tokens: input should be a valid integer"):
+        client.completions.create(**{**kwargs, "max_tokens": 2.5})
+
+
+def test_stop_reason_names_the_stop_that_ended_a_choice(client: openai.OpenAI) -> None:
+    """vLLM's ``stop_reason`` beside SGLang's ``matched_stop``: the stop string or
+    the stop token id; None at the length (or EOS). Streamed on the last chunk."""
+    kwargs: Any = {"model": model_id(client), "prompt": "And God said", "temperature": 0}
+    whole = client.completions.create(**kwargs, max_tokens=12)
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.choices[0].stop_reason is None  # type: ignore[attr-defined]
+    stop = whole.choices[0].text.split()[2]
+    by_text = client.completions.create(**kwargs, max_tokens=12, stop=[stop])
+    assert by_text.choices[0].stop_reason == stop  # type: ignore[attr-defined]
+    ids = client.completions.create(
+        **kwargs, max_tokens=12, logprobs=0, extra_body={"return_tokens_as_token_ids": True}
+    )
+    token = int(ids.choices[0].logprobs.tokens[3].split(":")[1])  # type: ignore[union-attr]
+    extra = {"stop_token_ids": [token]}
+    by_id = client.completions.create(**kwargs, max_tokens=12, extra_body=extra)
+    assert by_id.choices[0].stop_reason == token  # type: ignore[attr-defined]
+    last = list(client.completions.create(**kwargs, max_tokens=12, extra_body=extra, stream=True))
+    assert last[-1].choices[0].stop_reason == token  # type: ignore[attr-defined]
+    chat_kwargs: Any = {"model": model_id(client), "messages": MESSAGES, "temperature": 0}
+    said = client.chat.completions.create(**chat_kwargs, max_tokens=12).choices[0].message.content
+    word = (said or "").split()[1]
+    chat = client.chat.completions.create(**chat_kwargs, max_tokens=12, stop=[word])
+    assert chat.choices[0].stop_reason == word  # type: ignore[attr-defined]

@@ -135,7 +135,7 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
                         "id": "e",
                         "type": "generate",
                         "text": "x",
-                        "sampling_params": {"max_new_tokens": 0},
+                        "sampling_params": {"max_new_tokens": -1},
                     }
                 ),
                 "e",
