@@ -179,6 +179,11 @@ class SeqTokens(Message, frozen=True):
     attempt: int = 0  # the request's attempt these tokens belong to
 
 
+# Busy, the scheduler's report rides on a step's frame this often (without the KV
+# integrity walk, which waits for idle): /server_info and /metrics froze under load.
+BUSY_REPORT_EVERY_S = 1.0
+
+
 class SchedulerStats(Message, frozen=True):
     """The scheduler's state when it last went idle (and its KV check)."""
 

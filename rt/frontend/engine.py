@@ -51,6 +51,7 @@ from rt.frontend.table import OutputGap, Record, RequestTable, Update
 from rt.frontend.tokenizer_queues import TokenizerQueues
 from rt.frontend.wiring import SCHEDULER, can_serve
 from rt.messages import (
+    BUSY_REPORT_EVERY_S,
     Abort,
     CloseStream,
     Control,
@@ -476,13 +477,27 @@ class Engine:
         timeout = self.options.stall_timeout
         if not timeout:
             return
+        steps, moved_at = -1, 0.0  # the scheduler's step count, and when it last changed
         while True:
             await trio.sleep(timeout / 4)
             status = self._sup.status()
             if self._paused or not status.healthy:
                 continue  # no news is expected; a restart resubmits everything anyway
             now, at_work = time.monotonic(), self._tok_queues.at_work(status)
-            stalled = [r for r in self.table.live() if self._stalled(r, now, timeout, at_work)]
+            # a scheduler at work on a queue (it stepped lately; it reports once a second
+            # while busy): a request in it may wait long for its turn (65,536 prompts of
+            # one batch had 25,000 sent again); one lost on the way shows once it is gone
+            stats = self._stats.value
+            if stats is not None and stats.steps != steps:
+                steps, moved_at = stats.steps, now
+            window = max(timeout, 2 * BUSY_REPORT_EVERY_S)
+            queueing = stats is not None and stats.waiting > 0 and now - moved_at < window
+            stalled = [
+                r
+                for r in self.table.live()
+                if not (queueing and r.input_ids is not None)
+                and self._stalled(r, now, timeout, at_work)
+            ]
             if stalled:  # one line a pass: an overload stalls hundreds at once
                 shown = ", ".join(f"{r.user_rid} ({r.redrives + 1})" for r in stalled[:3])
                 log.warning(

@@ -98,22 +98,39 @@ class Result:
 OnDelta = Callable[[int, Delta, Result], Awaitable[None]]
 
 
+# The jobs of one run that may be on their way into the engine at once (sent, not
+# yet taken): a batch of 65,536 prompts started a task each at once, and the front's
+# loop ran them all before anything else (/health unanswered for 20 s, other clients'
+# kept-alive connections timed out). The others wait for a slot, doing nothing.
+INTAKE = 512
+
+
 class Taken:
     """Set once the engine has taken every job's prompt (tokenized, within the
     context), each known by its ids or its first token, or the job has ended
     (aborted before its ids came): a stream of several prompts waits for it
     before its status line, so that one prompt the engine refuses makes a plain
     4xx whichever prompt's first token came first. (A refusal is the job's
-    failure, which cancels the others: it is never counted.)"""
+    failure, which cancels the others: it is never counted.) A job starts once
+    fewer than ``INTAKE`` started before it are not taken yet (``slot``)."""
 
     def __init__(self, jobs: int) -> None:
         self._left = set(range(jobs))
         self.event = trio.Event()
-
-    def one(self, i: int) -> None:
-        self._left.discard(i)
+        self._slots = trio.Semaphore(INTAKE)
         if not self._left:
             self.event.set()
+
+    async def slot(self) -> None:
+        """Wait until a job may start (its slot is given back when it is taken)."""
+        await self._slots.acquire()
+
+    def one(self, i: int) -> None:
+        if i in self._left:
+            self._left.discard(i)
+            self._slots.release()
+            if not self._left:
+                self.event.set()
 
 
 async def _watch_taken(stream: EngineStream, i: int, taken: Taken, scope: trio.CancelScope) -> None:
@@ -139,9 +156,13 @@ async def run(
     the run and answers with what there was."""
     results: list[Result | None] = [None] * len(jobs) if so_far is None else so_far
     failures: list[HTTPError] = []
+    if taken is None and len(jobs) > 1:
+        taken = Taken(len(jobs))
     with front.admit(sum(_samples(job) for job in jobs) if limited else 0) as admission:
         async with trio.open_nursery() as nursery:
             for i, job in enumerate(jobs):
+                if taken is not None:
+                    await taken.slot()
                 nursery.start_soon(
                     _run_one,
                     front,

@@ -61,6 +61,7 @@ from rt.gpu.engine import EngineCore
 from rt.gpu.engine_config import EngineConfig
 from rt.gpu.request import StepOutput
 from rt.messages import (
+    BUSY_REPORT_EVERY_S,
     Abort,
     Control,
     FinishNow,
@@ -86,9 +87,6 @@ IDLE_CHECK_S = 0.05
 # tokens here): it takes at most this share of the time, however big the pool.
 CHECK_SHARE = 0.02
 TOMBSTONE_TTL_S = 30.0  # see the module docstring
-# Busy, a report rides on a step's frame this often (without the KV integrity
-# walk, which waits for idle): /server_info and /metrics froze under load.
-BUSY_REPORT_EVERY_S = 1.0
 
 
 class StepPlacement:

@@ -192,20 +192,42 @@ async def test_a_request_queued_behind_a_busy_tokenizer_is_not_sent_again(
     assert again == []
 
 
-async def test_an_overloads_stalled_requests_are_logged_in_one_line_a_pass(
+async def test_requests_queued_in_a_scheduler_at_work_are_not_sent_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Requests queued in the scheduler past its running limit have no news for
-    longer than ``stall_timeout`` and are sent again (idempotent). Each was a
-    warning line of its own: 768 lines a pass for 1,024 requests over /ws."""
+    longer than ``stall_timeout``, but they wait their turn, not lost: they were
+    sent again (a batch of 65,536 prompts over HTTP had 25,000 sent again, more
+    load on a front already behind)."""
     rule = {"actor": "scheduler", "point": "step", "action": "delay", "delay_ms": 40, "times": 0}
-    options: dict[str, Any] = dict(max_new_tokens=6, ignore_eos=True, temperature=0.0)
+    options: dict[str, Any] = dict(max_new_tokens=10, ignore_eos=True, temperature=0.0)
+    # (a timeout past the second a busy scheduler reports in: the frontend knows its queue)
     async with rt.open_engine(
-        fault_plan=plan(tmp_path, rule), stall_timeout=0.4, max_running_requests=2, **NULL
+        fault_plan=plan(tmp_path, rule), stall_timeout=1.5, max_running_requests=2, **NULL
     ) as engine:
         with trio.fail_after(120):
+            start = trio.current_time()
             async with trio.open_nursery() as nursery:
-                for i in range(16):  # 8 waves of ~0.3 s: the last wait ~2 s, ~5 timeouts
+                for i in range(24):  # 12 waves of ~0.45 s: the last wait ~5 s, ~3 timeouts
+                    nursery.start_soon(partial(engine.generate, f"prompt {i}", **options))
+            waited = trio.current_time() - start
+    assert waited > 2 * 1.5  # the queue did outlast the timeout
+    lines = [r.getMessage() for r in caplog.records if "sending them again" in r.getMessage()]
+    assert lines == []
+
+
+async def test_an_overloads_stalled_requests_are_logged_in_one_line_a_pass(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Requests whose steps take longer than ``stall_timeout`` have no news and are
+    sent again (idempotent). Each was a warning line of its own: 768 lines a pass
+    for 1,024 requests over /ws."""
+    rule = {"actor": "scheduler", "point": "step", "action": "delay", "delay_ms": 700, "times": 0}
+    options: dict[str, Any] = dict(max_new_tokens=3, ignore_eos=True, temperature=0.0)
+    async with rt.open_engine(fault_plan=plan(tmp_path, rule), stall_timeout=0.4, **NULL) as engine:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for i in range(8):  # all running at once (none queued), each step 0.7 s
                     nursery.start_soon(partial(engine.generate, f"prompt {i}", **options))
     lines = [r.getMessage() for r in caplog.records if "sending them again" in r.getMessage()]
     counts = [int(line.split(" ", 1)[0]) for line in lines]
