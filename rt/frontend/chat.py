@@ -90,9 +90,10 @@ def json_value(where: str, value: Any, depth: int, budget: list[int]) -> None:
     ``budget`` counts down the values it may still hold (MAX_JSON_VALUES)."""
     budget[0] -= 1
     if budget[0] < 0:
+        whole = where.split("[")[0].split(".")[0]  # (the limit is the field's, in all)
         raise InvalidRequestError(
             f"{where}: expected at most {MAX_JSON_VALUES} values (strings, numbers, lists, "
-            "objects) in all, got more"
+            f"objects) in all of {whole}, and this one is past them; send fewer or smaller"
         )
     if value is None or isinstance(value, bool):
         return

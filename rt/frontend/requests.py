@@ -128,7 +128,7 @@ def build_request(
             f"{sorted(SAMPLING_FIELDS)} or {sorted(OTHER_FIELDS)}"
         )
     truncate = _flag(options, "allow_auto_truncate", False)
-    keep_last = _keep_last(options.get("truncate_prompt_tokens"))
+    keep_last = _keep_last(options.get("truncate_prompt_tokens"), context_length)
     if keep_last < 0:  # -1: to the context, as allow_auto_truncate
         truncate, keep_last = True, 0
     overflow = None  # raised once the other arguments are checked: a bad one is named first
@@ -202,16 +202,22 @@ def build_request(
 # ---- the prompt -------------------------------------------------------------------
 
 
-def _keep_last(value: Any) -> int:
-    """``truncate_prompt_tokens``: 0 (not given), -1 (to the context) or k >= 1."""
+def _keep_last(value: Any, context_length: int | None) -> int:
+    """``truncate_prompt_tokens``: 0 (not given), -1 (to the context) or k >= 1,
+    at most the context length (as vLLM's: more is no truncation)."""
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value >= 1):
+    limit = f" and at most the context length ({context_length})" if context_length else ""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (value == -1 or 1 <= value <= (context_length or INT64_MAX))
+    ):
         raise InvalidRequestError(
-            "truncate_prompt_tokens: expected a number of tokens >= 1 (the prompt's last are "
-            f"kept) or -1 (cut to the context), got {show(value)}"
+            f"truncate_prompt_tokens: expected a number of tokens >= 1{limit} (the prompt's "
+            f"last are kept) or -1 (cut to the context), got {show(value)}"
         )
-    return min(value, INT64_MAX)
+    return value
 
 
 def _prompt(

@@ -44,6 +44,7 @@ class Route:
     summary: str
     body: bool = False  # POST: the handler gets the body's bytes
     open: bool = False  # served without the API key
+    safe: bool = True  # a GET that changes nothing: HEAD serves it too (RFC 9110)
 
 
 ROUTES: dict[tuple[str, str], Route] = {
@@ -69,7 +70,9 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/metrics"): Route(admin.metrics, "Prometheus metrics"),
     ("POST", "/abort_request"): Route(admin.abort_request, "Abort by rid", body=True),
     ("POST", "/flush_cache"): Route(admin.flush_cache, "Flush the prefix cache"),
-    ("GET", "/flush_cache"): Route(admin.flush_cache, "Flush the prefix cache (SGLang's GET)"),
+    ("GET", "/flush_cache"): Route(
+        admin.flush_cache, "Flush the prefix cache (SGLang's GET)", safe=False
+    ),
     ("POST", "/pause_generation"): Route(admin.pause_generation, "Pause scheduling"),
     ("POST", "/continue_generation"): Route(admin.continue_generation, "Resume scheduling"),
 }
@@ -143,6 +146,8 @@ class App:
     async def _dispatch(self, ex: Exchange) -> None:
         method = "GET" if ex.method == "HEAD" else ex.method  # HEAD: GET's headers alone
         route = ROUTES.get((method, ex.path))
+        if route is not None and ex.method == "HEAD" and not route.safe:
+            route = None  # (a HEAD must not flush the cache: a 405)
         if route is None:
             await self._other(ex)
             return
@@ -174,7 +179,8 @@ class App:
             await ex.json(self.openapi)
         else:
             allowed = sorted(method for method, path in ROUTES if path == ex.path)
-            allowed += ["HEAD"] if "GET" in allowed else []
+            get = ROUTES.get(("GET", ex.path))
+            allowed += ["HEAD"] if get is not None and get.safe else []
             if allowed:
                 raise HTTPError(
                     405,

@@ -110,6 +110,15 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
         raise HTTPError(
             400, f"rid: expected one per prompt ({len(prompts)}), got {len(rids)}", param="rid"
         )
+    first: dict[str, int] = {}
+    for k, given in enumerate(rids or ()):
+        if given and first.setdefault(given, k) != k:
+            raise HTTPError(
+                400,
+                f"rid[{k}]: {given!r} is rid[{first[given]}] too; each prompt of a batch needs "
+                "a rid of its own",
+                param=f"rid[{k}]",
+            )
     check_model(front, req.model)
     start = req.logprob_start_len if req.return_logprob else None  # (else unread, as SGLang's)
     if start is not None and start < -1:

@@ -405,7 +405,21 @@ def template_variables(req: ChatCompletionRequest) -> dict[str, Any] | None:
     }
     if req.chat_template_kwargs is None and not given:
         return None
-    return {**given, **(req.chat_template_kwargs or {})}
+    merged = {**given, **(req.chat_template_kwargs or {})}
+    kwargs = req.chat_template_kwargs or {}
+    if merged.get("continue_final_message") is True and merged.get("add_generation_prompt") is True:
+        # (named where the body sets them: the engine's message names chat_template_kwargs)
+        name = next(
+            (f for f in ("continue_final_message", "add_generation_prompt") if f not in kwargs),
+            "chat_template_kwargs",
+        )
+        raise HTTPError(
+            400,
+            f"{name}: continue_final_message goes on with the last message, "
+            "add_generation_prompt starts a new one; expected at most one of them true",
+            param=name,
+        )
+    return merged
 
 
 async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:

@@ -430,6 +430,12 @@ def _check_length(value: list[Any] | dict[str, Any], at: tuple[Any, ...], ids: b
         )
 
 
+# the fields whose lists of token ids are prompts, bounded by the context (or by
+# /detokenize's own limit), not by MAX_ITEMS; stop_token_ids is not one (7.8M ids of
+# it held the event loop a second, and 1 GB a request)
+ID_FIELDS = frozenset({"input_ids", "prompt", "tokens"})
+
+
 @functools.cache
 def _inner_models(model: type[BaseModel]) -> dict[str, tuple[type[BaseModel] | None, bool, bool]]:
     """Each field of ``model``: the model its value is, or lists items of (None if
@@ -446,7 +452,7 @@ def _inner_models(model: type[BaseModel]) -> dict[str, tuple[type[BaseModel] | N
                 found, in_list = found or kind, in_list or listed
             else:
                 inside = typing.get_origin(kind) is list
-                ids = ids or (inside and typing.get_args(kind) == (int,))
+                ids = ids or (inside and typing.get_args(kind) == (int,) and name in ID_FIELDS)
                 todo.extend((arg, listed or inside) for arg in typing.get_args(kind))
         out[name] = (found, in_list, ids)
     return out

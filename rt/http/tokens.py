@@ -16,6 +16,8 @@ from typing import Any
 
 import trio
 
+from rt.errors import InvalidRequestError
+from rt.frontend.chat import check_unicode
 from rt.http.asgi import HTTPError
 from rt.tok.core import encode_each, unencodable
 from rt.tok.load import load_tokenizer
@@ -125,6 +127,12 @@ class Encoder:
             return await trio.to_thread.run_sync(self._encode, texts, add_special, name)
 
     def _encode(self, texts: list[str], add_special: bool, name: str) -> list[list[int]]:
+        for k, text in enumerate(texts):  # (a lone surrogate named, as a prompt's is)
+            field = name if len(texts) == 1 else f"{name}[{k}]"
+            try:
+                check_unicode(field, text)
+            except InvalidRequestError as err:
+                raise HTTPError(400, str(err), param=field) from None
         out = []
         for k, ids in enumerate(encode_each(self._tokenizer, texts, add_special)):
             if isinstance(ids, Exception):

@@ -311,6 +311,8 @@ def _done(
         meta = metas[0] if metas else {"id": result.rid}
     if cancelled:
         meta["finish_reason"] = {"type": "abort", "message": "cancelled by the client"}
+    elif len(metas) > 1 and result.aborted:  # (/abort_request: the request's, as a cancel's)
+        meta["finish_reason"] = native.finish_reason(Seq(), result.aborted)
     meta["completion_tokens"] = result.completion_tokens
     frame = {"id": cid, "type": "done", "meta_info": meta}
     if len(metas) > 1:

@@ -308,11 +308,16 @@ def other_args() -> dict[str, Arg]:
             ok_edges=[None, True, False],
             bad_edges=[0, 1, "true", "", 1.0],
         ),
-        "truncate_prompt_tokens": arg(
-            st.none() | st.just(-1) | st.integers(1, 10**20),
-            st.one_of(NOT_NUMBER, st.floats(), st.integers(max_value=0).filter(lambda v: v != -1)),
-            ok_edges=[None, -1, 1, I64_MAX, 10**30],
-            bad_edges=[0, -2, I64_MIN, 1.5, "3", True],
+        "truncate_prompt_tokens": arg(  # (at most the context, 512: vLLM refuses more)
+            st.none() | st.just(-1) | st.integers(1, 512),
+            st.one_of(
+                NOT_NUMBER,
+                st.floats(),
+                st.integers(max_value=0).filter(lambda v: v != -1),
+                st.integers(min_value=513),
+            ),
+            ok_edges=[None, -1, 1, 512],
+            bad_edges=[0, -2, I64_MIN, 1.5, "3", True, 513, I64_MAX, 10**30],
         ),
         "priority": arg(
             st.integers(-5, 5) | st.integers(I64_MIN, I64_MAX),

@@ -160,6 +160,7 @@ REFUSED = [
     pytest.param("hi", {"truncate_prompt_tokens": -2}, r"truncate_prompt_tokens: .* got -2", id="keep-negative"),
     pytest.param("hi", {"truncate_prompt_tokens": 2.0}, r"truncate_prompt_tokens: .* got 2.0", id="keep-float"),
     pytest.param("hi", {"truncate_prompt_tokens": True}, r"truncate_prompt_tokens: .* got True", id="keep-bool"),
+    pytest.param("hi", {"truncate_prompt_tokens": 10**30}, r"truncate_prompt_tokens: .* got an integer of 100 bits", id="keep-past-64-bits"),
     pytest.param("hi", {"add_special_tokens": 1}, r"add_special_tokens: expected true, false or none, got 1", id="add-special-int"),
     pytest.param("hi", {"priority": "high"}, r"priority: expected an integer, got 'high'", id="priority-string"),
     pytest.param("hi", {"priority": 1.5}, r"priority: expected an integer, got 1.5", id="priority-float"),
@@ -339,6 +340,14 @@ def test_float_fields_are_the_sampling_parameters_typed_float() -> None:
         "temperature",
         "top_p",
     ]
+
+
+def test_truncate_prompt_tokens_past_the_context_is_refused() -> None:
+    """More than the context length cuts nothing: vLLM refuses it; here a prompt of
+    602 tokens was refused for its length, the message advising the very option."""
+    with pytest.raises(InvalidRequestError, match=r"at most the context length \(16\).* got 17"):
+        build_request("hi", {"truncate_prompt_tokens": 17}, VOCAB, 16)
+    assert build_request("hi", {"truncate_prompt_tokens": 16}, VOCAB, 16).keep_last == 16
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_end() -> None:

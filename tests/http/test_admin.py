@@ -53,6 +53,9 @@ def test_head_answers_what_get_would_without_the_body(default_server: Server) ->
         "/generate takes POST, not GET"
     )
     assert httpx.post(default_server.url + "/health", timeout=30).headers["allow"] == "GET, HEAD"
+    # a HEAD must change nothing: SGLang's GET /flush_cache flushes, its HEAD is refused
+    flush = httpx.head(default_server.url + "/flush_cache", timeout=30)
+    assert flush.status_code == 405 and flush.headers["allow"] == "GET, POST"
 
 
 async def test_health_is_503_while_an_actor_is_stopped_long_before_the_watchdog(

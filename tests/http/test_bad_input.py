@@ -204,6 +204,32 @@ NAMED: list[tuple[str, Any, str]] = [
     ),
     ("/generate", {"text": "x", "priority": 3}, "priority"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 1, "logprobs": -1}, "logprobs"),
+    # found by a hostile review: each was unbounded, or named another field, or none
+    # (7.8M stop ids held the event loop a second and 1 GB a request)
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [7] * 70_000}, "stop_token_ids"),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"stop_token_ids": [7] * 70_000}},
+        "sampling_params.stop_token_ids",
+    ),
+    ("/tokenize", {"prompt": "a\ud800"}, "prompt"),  # (was the tokenizer's TypeError)
+    ("/tokenize", {"prompt": ["a", "b\udfff"]}, "prompt[1]"),
+    ("/generate", {"text": ["a", "b", "c"], "rid": ["r", "s", "r"]}, "rid[2]"),  # ("in flight")
+    (
+        "/v1/chat/completions",
+        {"messages": MSG, "continue_final_message": True, "add_generation_prompt": True},
+        "continue_final_message",  # (was chat_template_kwargs, which the body has not)
+    ),
+    (  # (was the prompt's length: "or send truncate_prompt_tokens", which it had sent)
+        "/v1/completions",
+        {"prompt": "x " * 600, "truncate_prompt_tokens": 1000},
+        "truncate_prompt_tokens",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "x", "truncate_prompt_tokens": 10**30},
+        "truncate_prompt_tokens",
+    ),
 ]
 
 

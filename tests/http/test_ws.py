@@ -493,11 +493,13 @@ async def test_a_done_frame_counts_only_the_tokens_its_client_was_sent(
     await stream.aclose()
 
 
-async def test_a_cancel_while_paused_counts_its_prompt(default_server: Server) -> None:
+@pytest.mark.parametrize("how", ["cancel", "abort_request"])
+async def test_a_cancel_while_paused_counts_its_prompt(default_server: Server, how: str) -> None:
     """Cancelled after its prompt was tokenized, before its first token (generation
     paused): its done frame had only an id and a finish_reason (no counts; with
-    n > 1 no meta_infos), then said prompt_tokens 0."""
-    body = {"type": "generate", "text": "And God said unto Moses"}
+    n > 1 no meta_infos), then said prompt_tokens 0. Aborted by /abort_request, its
+    request's meta_info had no finish_reason (a cancel's had)."""
+    body: dict[str, Any] = {"type": "generate", "text": "And God said unto Moses", "rid": how}
     body["sampling_params"] = {"max_new_tokens": 20, "n": 2}
     async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
         assert (await client.post("/pause_generation")).status_code == 200
@@ -508,7 +510,10 @@ async def test_a_cancel_while_paused_counts_its_prompt(default_server: Server) -
                     while not (default_server.info()["scheduler"] or {}).get("requests"):
                         await trio.sleep(0.05)
                 await trio.sleep(0.2)  # (the ids reach the front beside it, on another ring)
-                await ws.send_message(json.dumps({"id": "p", "type": "cancel"}))
+                if how == "cancel":
+                    await ws.send_message(json.dumps({"id": "p", "type": "cancel"}))
+                else:
+                    assert (await client.post("/abort_request", json={"rid": how})).is_success
                 frame = await receive(ws)
         finally:
             await client.post("/continue_generation")
