@@ -168,6 +168,16 @@ async def test_a_request_whose_frame_was_lost_is_sent_again(
         assert all(a.restart_count == 0 for a in engine.actors())
 
 
+async def generate_all(engine: rt.Engine, n: int, options: dict[str, Any]) -> float:
+    """``n`` requests at once, to their ends; how long they took."""
+    with trio.fail_after(120):
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(partial(engine.generate, f"prompt {i}", **options))
+        return trio.current_time() - start
+
+
 async def test_a_request_queued_behind_a_busy_tokenizer_is_not_sent_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -181,12 +191,8 @@ async def test_a_request_queued_behind_a_busy_tokenizer_is_not_sent_again(
     async with rt.open_engine(
         fault_plan=plan(tmp_path, rule), stall_timeout=0.5, tokenizer_batch_size=1, **NULL
     ) as engine:
-        with trio.fail_after(60):
-            start = trio.current_time()
-            async with trio.open_nursery() as nursery:
-                for i in range(16):  # ~2.4 s of tokenizing: the last ones wait ~5 timeouts
-                    nursery.start_soon(partial(engine.generate, f"prompt {i}", **options))
-            waited = trio.current_time() - start
+        # (~2.4 s of tokenizing: the last ones wait ~5 timeouts)
+        waited = await generate_all(engine, 16, options)
     assert waited > 4 * 0.5  # the backlog did outlast the timeout
     again = [r.getMessage() for r in caplog.records if "sending it again" in r.getMessage()]
     assert again == []
@@ -205,12 +211,8 @@ async def test_requests_queued_in_a_scheduler_at_work_are_not_sent_again(
     async with rt.open_engine(
         fault_plan=plan(tmp_path, rule), stall_timeout=1.5, max_running_requests=2, **NULL
     ) as engine:
-        with trio.fail_after(120):
-            start = trio.current_time()
-            async with trio.open_nursery() as nursery:
-                for i in range(24):  # 12 waves of ~0.45 s: the last wait ~5 s, ~3 timeouts
-                    nursery.start_soon(partial(engine.generate, f"prompt {i}", **options))
-            waited = trio.current_time() - start
+        # (12 waves of ~0.45 s: the last wait ~5 s, ~3 timeouts)
+        waited = await generate_all(engine, 24, options)
     assert waited > 2 * 1.5  # the queue did outlast the timeout
     lines = [r.getMessage() for r in caplog.records if "sending them again" in r.getMessage()]
     assert lines == []
