@@ -19,11 +19,11 @@ from rt.http.engine_port import Delta, TopLogprobs
 from rt.http.front import PROMPT, Front
 from rt.http.generation import Job, Result, Seq, run
 from rt.http.openai_api import check_model
-from rt.http.schemas import GenerateRequest, SamplingParams, parse
+from rt.http.schemas import GenerateRequest, SamplingParams
 
 
 async def generate(front: Front, ex: Exchange, body: bytes) -> None:
-    req = parse(GenerateRequest, body)
+    req = await front.parse(GenerateRequest, body)
     jobs, batch = build_jobs(front, req)
     multi = batch or any(job.options.get("n", 1) != 1 for job in jobs)
     if req.return_logprob and req.return_text_in_logprobs:

@@ -28,7 +28,7 @@ from rt.http.openai_format import (
     usage,
     with_echo,
 )
-from rt.http.schemas import ChatCompletionRequest, CompletionRequest, OpenAISampling, parse
+from rt.http.schemas import ChatCompletionRequest, CompletionRequest, OpenAISampling
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _SAMPLING = {
@@ -172,7 +172,7 @@ def stop_reason(req: OpenAISampling, seq: Seq) -> int | str | None:
 
 
 async def completions(front: Front, ex: Exchange, body: bytes) -> None:
-    req = parse(CompletionRequest, body)
+    req = await front.parse(CompletionRequest, body)
     n = req.n or 1
     if req.suffix is not None:
         raise HTTPError(400, "suffix: not supported (rt has no fill-in-the-middle)", param="suffix")
@@ -423,7 +423,7 @@ def template_variables(req: ChatCompletionRequest) -> dict[str, Any] | None:
 
 
 async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
-    req = parse(ChatCompletionRequest, body)
+    req = await front.parse(ChatCompletionRequest, body)
     # no tools, or none to call (tool_choice "none": the tools are left out of the
     # prompt, as vLLM's --exclude-tools-when-tool-choice-none does)
     idle = req.tool_choice == "none" or (req.tool_choice is None and not req.tools)

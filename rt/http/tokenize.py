@@ -23,7 +23,7 @@ import trio
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.front import Front
 from rt.http.openai_api import check_model
-from rt.http.schemas import DetokenizeRequest, TokenizeRequest, parse
+from rt.http.schemas import DetokenizeRequest, TokenizeRequest
 
 # A tokenizer holds ~250 bytes per token of what it encodes (offsets, strings), and
 # ~1.6 KB per text: 16 MiB of text took 4 GiB of the server's memory and 18 s. So a
@@ -35,7 +35,7 @@ MAX_IDS = 1 << 20
 
 
 async def tokenize(front: Front, ex: Exchange, body: bytes) -> None:
-    req = parse(TokenizeRequest, body)
+    req = await front.parse(TokenizeRequest, body)
     check_model(front, req.model)
     if req.messages is not None:
         raise HTTPError(
@@ -79,7 +79,7 @@ async def tokenize(front: Front, ex: Exchange, body: bytes) -> None:
 
 
 async def detokenize(front: Front, ex: Exchange, body: bytes) -> None:
-    req = parse(DetokenizeRequest, body)
+    req = await front.parse(DetokenizeRequest, body)
     check_model(front, req.model)
     single = not req.tokens or isinstance(req.tokens[0], int)
     lists = [cast(list[int], req.tokens)] if single else cast(list[list[int]], req.tokens)
