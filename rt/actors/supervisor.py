@@ -1,33 +1,31 @@
 """The supervisor: a trio task tree that owns every child process and ring.
 
-One task per running child waits on its pidfd (exit is seen at once) and
-watches its heartbeat (a hang is seen after ``watchdog_timeout``; so is one
-unit of work on requests in flight that long, on whatever thread: see
-:mod:`rt.actors.heartbeat`); both post an exit event. A child whose run
-raised says so before it unwinds: :meth:`Supervisor.status` shows it EXITING
-at once, before its exit is seen. One task decides, event by event: the
-restart type, the intensity, the strategy and the backoff (the pure decisions
-live in :mod:`rt.actors.policy`). The restarts it decides run as tasks of their own,
-so one child's backoff or slow start-up delays no other child: under
-``one_for_one`` each child's restarts run in order on a lane of their own;
-under ``one_for_all`` and ``rest_for_one``, whose groups always overlap, every
-restart runs in order on one lane, each stopping its group in reverse start
-order, then starting it in start order.
+One task per running child waits on its pidfd (exit is seen at once) and watches its
+heartbeat (a hang is seen after ``watchdog_timeout``; so is one unit of work on
+requests in flight that long, on whatever thread: see :mod:`rt.actors.heartbeat`);
+both post an exit event. A child whose run raised says so before it unwinds:
+:meth:`Supervisor.status` shows it EXITING at once, before its exit is seen. One task
+decides, event by event: the restart type, the intensity, the strategy and the backoff
+(pure decisions in :mod:`rt.actors.policy`). The restarts run as tasks of their own,
+so one child's backoff or slow start-up delays no other child: under ``one_for_one``
+each child's restarts run in order on a lane of their own; under ``one_for_all`` and
+``rest_for_one``, whose groups always overlap, every restart runs in order on one
+lane, each stopping its group in reverse start order, then starting it in start order.
 
 An abnormal exit while the child had client requests in hand (the slot in its
-heartbeat, see :mod:`rt.actors.heartbeat`) is charged to those requests,
-which the actors isolate and refuse themselves: the child is restarted, with
-at most the initial backoff, and the exit is not counted toward the intensity,
-so a stream of poison requests never escalates.
+heartbeat, :mod:`rt.actors.heartbeat`) is charged to those requests, which the actors
+isolate and refuse themselves: the child is restarted, with at most the initial
+backoff, and the exit not counted toward the intensity (a stream of poison requests
+never escalates).
 
-A child that is a :class:`SupervisorSpec` runs as a sub-supervisor in this
-process; it fails, as one child, when it escalates. The root creates every
-ring of the tree, so a restarted subtree reattaches to the same rings.
+A child that is a :class:`SupervisorSpec` runs as a sub-supervisor in this process; it
+fails, as one child, when it escalates. The root creates every ring of the tree, so a
+restarted subtree reattaches to the same rings.
 
-Cancelling :meth:`Supervisor.run` (or SIGINT/SIGTERM with ``handle_signals``)
-stops the tree depth first in reverse start order, each actor by SIGTERM then
-SIGKILL after its grace period, and unlinks every segment; under
-:func:`open_supervisor` the rings are unlinked only once its body has exited.
+Cancelling :meth:`Supervisor.run` (or SIGINT/SIGTERM with ``handle_signals``) stops
+the tree depth first in reverse start order, each actor by SIGTERM then SIGKILL after
+its grace period, and unlinks every segment (the rings once :func:`open_supervisor`'s
+body has exited; a root killed outright leaves them to :mod:`rt.shm.reaper`'s).
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ from rt.actors.spec import ActorSpec, Restart, Strategy, SupervisorSpec
 from rt.actors.status import ActorState, ActorStatus, SupervisorStatus
 from rt.errors import ActorStartupError, EscalationError
 from rt.shm import Ring
-from rt.shm.reaper import Reaper
+from rt.shm.reaper import Reaper, keep_reaping
 from rt.shm.segment import new_run_prefix, sweep
 
 log = logging.getLogger("rt.actors")
@@ -237,6 +235,8 @@ class Supervisor:
                 try:
                     if self._handle_signals:
                         nursery.start_soon(self._stop_on_signal, nursery.cancel_scope)
+                    if self._reaper is not None:
+                        nursery.start_soon(keep_reaping, self._reaper)
                     for child in self._children:
                         await self._start(child)
                     self._running = self._started = True

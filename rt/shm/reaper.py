@@ -16,17 +16,24 @@ root that died said nothing first, so its actors may still be dying (their
 parent-death signal comes after the root's fds are closed), one of them making
 a side segment meanwhile: the reaper looks again a second later.
 It leads a session of its own, so a terminal's ^C, meant for the root, does
-not stop it before the root is done.
+not stop it before the root is done. The root's supervisor starts another
+when it dies before its time (:func:`keep_reaping`): killed by hand or by the
+OOM killer, it left a root killed later with its segments in /dev/shm.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
 
+import trio
+
 from rt.shm.segment import SHM_DIR
+
+log = logging.getLogger(__name__)
 
 WAIT_S = 5.0  # for the reaper to finish once told: it has only a directory to list
 
@@ -55,6 +62,11 @@ class Reaper:
     or this process dies, whichever comes first."""
 
     def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._spawn()
+
+    def _spawn(self) -> None:
+        prefix = self._prefix
         read_end, self._write_end = os.pipe()
         try:
             self._proc = subprocess.Popen(
@@ -73,6 +85,17 @@ class Reaper:
     def pid(self) -> int:
         return self._proc.pid
 
+    def respawn(self) -> int | None:
+        """A reaper in place of this one, which died before it was told to sweep
+        (killed: a dead one left a killed root's segments behind). Returns how the
+        dead one exited (None: it had not, and is kept)."""
+        status = self._proc.poll()  # (and the zombie reaped)
+        if status is None or self._write_end < 0:
+            return None
+        os.close(self._write_end)
+        self._spawn()
+        return status
+
     def close(self) -> None:
         """Tell the reaper to sweep now (after the root unlinked what it could) and
         wait for it to exit."""
@@ -87,3 +110,23 @@ class Reaper:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+async def keep_reaping(reaper: Reaper) -> None:
+    """Start the reaper again each time it dies before it is told to sweep; until
+    cancelled (the root's supervisor runs it, and closes the reaper after)."""
+    while True:
+        pidfd = os.pidfd_open(reaper.pid)
+        try:
+            await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+        status = reaper.respawn()
+        if status is not None:
+            how = f"killed by signal {-status}" if status < 0 else f"exit code {status}"
+            log.warning(
+                "the reaper of this run's segments died (%s) before the run ended: "
+                "started another, pid %d",
+                how,
+                reaper.pid,
+            )

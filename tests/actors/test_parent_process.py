@@ -114,17 +114,47 @@ async def test_the_next_start_sweeps_what_a_killed_parent_and_reaper_left(
     proc, info = await _start_script("idle")
     left = list_segments(info["prefix"])
     assert len(left) == 2
-    os.kill(info["reaper"], signal.SIGKILL)  # killed with it (the OOM killer, kill -9 -1)
+    os.kill(info["reaper"], signal.SIGKILL)  # killed with it (the OOM killer, kill -9 -1):
+    await _kill_and_wait_for_children(proc, info)  # (the parent had no time to start another)
     with trio.fail_after(5):
-        while _state(info["reaper"]) not in ("Z", None):  # the script's zombie, then gone
+        while not _dead(info["reaper"]):  # the zombie, handed to this subreaper, is reaped
             await trio.sleep(0.01)
-    await _kill_and_wait_for_children(proc, info)
-    assert _dead(info["reaper"])  # the zombie, handed to this subreaper, is reaped
     assert list_segments(info["prefix"]) == left  # nobody was left to unlink them
     async with trio.open_nursery() as nursery:
         await nursery.start(Supervisor(SupervisorSpec(children=(ActorSpec("x", _noop_actor),))).run)
         assert list_segments(info["prefix"]) == []
         nursery.cancel_scope.cancel()
+
+
+async def test_a_reaper_killed_alone_is_started_again(subreaper: None) -> None:
+    """Killed before its run (by hand, by the OOM killer), the reaper was never
+    replaced: the run went on, and once its root was killed its segments stayed."""
+    proc, info = await _start_script("idle")
+    os.kill(info["reaper"], signal.SIGKILL)
+    with trio.fail_after(5):
+        while _state(info["reaper"]) is not None:  # reaped by the parent, which starts another
+            await trio.sleep(0.01)
+    await trio.sleep(0.2)  # (its successor at its pipe)
+    successors = _reapers_of(info["prefix"])
+    assert len(successors) == 1
+    await _kill_and_wait_for_children(proc, info)
+    with trio.fail_after(5):
+        while list_segments(info["prefix"]) or not _dead(successors[0]):
+            await trio.sleep(0.01)
+
+
+def _reapers_of(prefix: str) -> list[int]:
+    """The reaper processes (rt/shm/reaper.py) of the run named ``prefix``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"{prefix}_".encode() in args:
+            found.append(int(entry))
+    return found
 
 
 def _state(pid: int) -> str | None:
