@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rt.chaos import figures
+from rt.chaos.attach import check_restart_limit, served
 from rt.chaos.draw import draw_schedule
 from rt.chaos.ledger import Ledger
 from rt.chaos.reference import Replayer
@@ -69,20 +70,6 @@ def model_path(run: RunConfig) -> str:
     return str(default_model_path())
 
 
-async def served_on(url: str) -> tuple[str, str]:
-    """A running rt-serve's (device, dtype), from its /server_info."""
-    import httpx
-
-    from rt.chaos.targets import ServerTarget
-
-    try:
-        async with httpx.AsyncClient() as http:
-            config = (await ServerTarget(url.rstrip("/"), http).info())["config"]
-        return str(config["device"]), str(config["dtype"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
-        raise RuntimeError(f"{url}: no rt-serve /server_info to read ({err!r})") from err
-
-
 async def campaign(
     config: CampaignConfig, say: Callable[[str], None] = lambda _: None, judge: Judge | None = None
 ) -> Outcome:
@@ -94,18 +81,24 @@ async def campaign(
     )
     config = replace(config, run=run)
     schedule = schedule_of(config)
+    server = None
+    if run.mode == "attach" and run.url is not None:
+        # a server started by someone else: what it serves, and how, decides how its
+        # outputs are judged; its restart limit, which schedules it can take
+        server = await served(run.url)
+        check_restart_limit(schedule, server)
     if judge is None:
         dtype = str(run.engine.get("dtype", "float32"))
         load_format = str(run.engine.get("load_format", "auto"))
-        exact = None
-        if run.mode == "attach" and run.url is not None:
-            # a server started by someone else: where it runs decides how it can be judged
-            device, dtype = await served_on(run.url)
-            if device != "cpu":  # the GPU's kernels round otherwise than the CPU replay
-                say(f"the server runs on {device} in {dtype}: outputs are checked for splices")
+        path, exact = model_path(run), None
+        if server is not None:
+            dtype, load_format, path = server.dtype, server.load_format, server.model_path
+            if server.device != "cpu":  # the GPU's kernels round otherwise than the CPU replay
+                say(
+                    f"the server runs on {server.device} in {dtype}: outputs are checked for splices"
+                )
                 exact = False
-        replayer = Replayer(model_path(run), dtype, load_format=load_format)
-        judge = Judge(replayer, exact)
+        judge = Judge(Replayer(path, dtype, load_format=load_format), exact)
     Path(run.log_dir).mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     say(f"run: seed {run.seed}, {len(schedule.faults)} faults, {run.mode}")

@@ -6,8 +6,11 @@
     rt-chaos --replay 7 --faults 3,9                # a run again, with only faults 3 and 9
 
 Exit status: 0 when every checker passed, 1 when one failed (the report
-then ends with the shortest fault schedule that still fails), 2 for a
-usage error.
+then ends with the shortest fault schedule that still fails) or when no
+planned fault fired (INCONCLUSIVE: the run tested nothing), 2 for a usage
+error. Attached to a server (``--url``), a schedule that would restart its
+actors past its ``--max-restarts`` is refused before it starts
+(rt/chaos/attach.py).
 """
 
 from __future__ import annotations
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rt-chaos: {line}", file=sys.stderr, flush=True)
 
     outcome: Outcome = trio.run(campaign, config, say)
-    from rt.chaos.report import render, summary
+    from rt.chaos.report import inconclusive, render, summary
 
     if args.json:
         data = summary(outcome)
@@ -265,4 +268,4 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(data, indent=2))
     else:
         print(render(outcome))
-    return 1 if outcome.verdict.failed else 0
+    return 1 if outcome.verdict.failed or inconclusive(outcome) else 0

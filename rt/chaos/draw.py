@@ -51,7 +51,15 @@ def draw_schedule(seed: int, config: ScheduleConfig) -> Schedule:
             kind in ("sigkill", "sigsegv") and rng.random() < config.signal_share
         )
         if signal and signal_phases:
-            phases = [p for p in signal_phases if p != "shutdown" or not shutdown_drawn]
+            # a restart phase waits for an actor to be down: only an earlier fault can take
+            # one down (signal faults fire in order), or it never fires and holds back every
+            # later one (an attached run of 10 faults fired none, and passed)
+            down = any(f.via == "plan" or f.kind in ("sigkill", "sigsegv") for f in faults)
+            phases = [
+                p
+                for p in signal_phases
+                if (p != "shutdown" or not shutdown_drawn) and (p != "restart" or down)
+            ] or [p for p in signal_phases if p != "shutdown" or not shutdown_drawn]
             phase = rng.choice(phases)
             shutdown_drawn |= phase == "shutdown"
             stop_s = None

@@ -33,6 +33,7 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "concurrency": run.concurrency,
         "seconds": round(outcome.seconds, 1),
         "passed": not verdict.failed,
+        "inconclusive": inconclusive(outcome),
         "requests": {s: states.get(s, 0) for s in STATES} | {"sent": len(requests)},
         "hostile": dict(hostile),
         "checks": {c: ("FAIL" if c in failed else "pass") for c in CHECKERS},
@@ -63,6 +64,12 @@ def summary(outcome: Outcome) -> dict[str, Any]:
             "for": most_severe(outcome.verdict),
         }
     return out
+
+
+def inconclusive(outcome: Outcome) -> bool:
+    """Faults were planned, and none fired: a pass would say nothing of faults."""
+    planned = [f for f in outcome.schedule.faults if f.kind != "delay"]
+    return bool(planned) and not outcome.ledger.of_kind("fault")
 
 
 def never_fired(outcome: Outcome) -> list[Fault]:
@@ -149,5 +156,8 @@ def render(outcome: Outcome) -> str:
                       + (" (budget ran out)" if sh["budget_ran_out"] else "")]  # fmt: skip
         lines += [f"  {f}" for f in sh["faults"]] or ["  (none: it fails without faults)"]
         lines.append(f"  {sh['replay']}")
-    lines += ["", f"ledger: {s['ledger']}", "PASS" if s["passed"] else "FAIL"]
+    verdict = "FAIL" if not s["passed"] else "PASS"
+    if s["passed"] and s["inconclusive"]:  # (a failure without faults stays one)
+        verdict = "INCONCLUSIVE: no fault fired (more requests, or --duration, give them time)"
+    lines += ["", f"ledger: {s['ledger']}", verdict]
     return "\n".join(lines)

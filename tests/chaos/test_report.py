@@ -79,3 +79,15 @@ def test_a_failing_report_names_the_findings_and_the_shortest_schedule() -> None
     assert "shortest schedule that still fails [terminal]: 1 of 1 fault(s), 3 replays" in text
     assert "rt-chaos --replay 9 --faults 0" in text
     assert text.endswith("FAIL")
+
+
+def test_a_run_in_which_no_planned_fault_fired_is_inconclusive() -> None:
+    """An attached run of 10 faults fired none (its first waited for a restart no
+    fault could cause) and said PASS, exit 0: it tested nothing."""
+    quiet = outcome([])
+    quiet.ledger = Ledger.of([e for e in EVENTS if e["ev"] != "fault"])
+    text = render(quiet)
+    assert text.splitlines()[-1].startswith("INCONCLUSIVE: no fault fired")
+    assert summary(quiet)["inconclusive"] and not summary(outcome([]))["inconclusive"]
+    quiet.verdict = Verdict([Finding("outcomes", "lost", 0)], checked=1)
+    assert render(quiet).endswith("FAIL")  # (a failure without faults stays one)

@@ -175,3 +175,22 @@ def test_a_backlog_fault_draws_how_long_its_reader_stays_stopped() -> None:
     assert kills and all(f.stop_s is not None and 0.02 <= f.stop_s <= 0.3 for f in kills)
     assert all(f.crash for f in kills)
     assert "its reader stopped" in kills[0].describe()
+
+
+def test_a_restart_phase_signal_follows_a_fault_that_can_take_an_actor_down() -> None:
+    """A signal fault for the restart phase waits for an actor to be down, and signal
+    faults fire in order: drawn first (nothing before it to take one down), it never
+    fired, and held back every later fault (an attached run fired none of 10)."""
+    config = ScheduleConfig(faults=10, signal_share=1.0, kinds=("sigstop",))
+    for seed in range(40):
+        for fault in draw_schedule(seed, config).faults:
+            # (sigstops alone: none restarts an actor before it for sure)
+            assert fault.phase != "restart", (seed, fault)
+    kills = ScheduleConfig(faults=10, signal_share=1.0)
+    drawn = [f for seed in range(40) for f in draw_schedule(seed, kills).faults]
+    assert any(f.phase == "restart" for f in drawn)  # (after a kill, still drawn)
+    for seed in range(40):
+        faults = draw_schedule(seed, kills).faults
+        for i, fault in enumerate(faults):
+            if fault.phase == "restart":
+                assert any(f.via == "plan" or f.kind in ("sigkill", "sigsegv") for f in faults[:i])

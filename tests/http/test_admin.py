@@ -121,14 +121,18 @@ def test_server_info(default_server: Server) -> None:
 
 
 async def test_server_info_says_where_auto_put_the_engine(default_server: Server) -> None:
-    """What rt-chaos reads before judging a server it attached to (rt.chaos.campaign):
-    outputs of a GPU's kernels are not compared token for token with its CPU replay."""
+    """What rt-chaos reads before judging a server it attached to (rt.chaos.attach):
+    outputs of a GPU's kernels are not compared token for token with its CPU replay;
+    the replays load the model the server serves; its restart limit bounds the faults."""
     import torch
 
-    from rt.chaos.campaign import served_on
+    from rt.chaos.attach import served
 
     here = ("cuda", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
-    assert await served_on(default_server.url) == here
+    server = await served(default_server.url)
+    assert (server.device, server.dtype) == here
+    assert server.model_path == default_server.info()["model"]["path"]  # (the replays load it)
+    assert (server.load_format, server.max_restarts, server.restart_window) == ("auto", 5, 60.0)
 
 
 def test_metrics_parse_and_move(default_server: Server) -> None:

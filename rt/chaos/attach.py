@@ -1,0 +1,86 @@
+"""A running rt-serve that ``rt-chaos --url`` attaches to: what its
+``/server_info`` says decides how the run is judged and whether it can be run.
+
+* the model it serves, and how (``model_path``, ``load_format``, ``dtype``,
+  ``device``): the replays that judge its outputs load the same (a checker
+  that replayed rt-chaos's own default model found every output of a
+  ``--load-format dummy`` server "diverged", with no fault at all);
+* its restart limit (``--max-restarts`` in ``--restart-window``): a schedule
+  whose faults restart actors more often than that makes the server give up,
+  as it should, and the run then blamed the server for it. Such a schedule is
+  refused before it starts, saying what to change (a server rt-chaos starts
+  itself gets a limit that fits its schedule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rt.chaos.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Served:
+    device: str
+    dtype: str
+    model_path: str
+    load_format: str
+    max_restarts: int
+    restart_window: float
+
+
+async def served(url: str) -> Served:
+    """What a running rt-serve says of itself (its ``/server_info``)."""
+    import httpx
+
+    from rt.chaos.targets import ServerTarget
+
+    try:
+        async with httpx.AsyncClient() as http:
+            info = await ServerTarget(url.rstrip("/"), http).info()
+        return of_info(info)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
+        raise RuntimeError(f"{url}: no rt-serve /server_info to read ({err!r})") from err
+
+
+def of_info(info: dict[str, Any]) -> Served:
+    config = info["config"]
+    return Served(
+        str(config["device"]),
+        str(config["dtype"]),
+        str(info["model"]["path"]),
+        str(config.get("load_format", "auto")),
+        int(config["max_restarts"]),
+        float(config["restart_window"]),
+    )
+
+
+def restarts_at_once(schedule: Schedule, window: float) -> int:
+    """The most actor restarts the schedule's signal faults could cause within one
+    ``window`` of seconds: each kill restarts its actor, so does a stop left to the
+    watchdog; a fault fires ``wait_s`` after the one before it at the soonest."""
+    at, times = 0.0, []
+    for fault in schedule.faults:
+        if fault.via != "signal":
+            continue
+        at += fault.wait_s
+        if fault.kind != "sigstop" or fault.stop_s is None:
+            times.append(at)
+    return max(
+        (sum(1 for t in times[i:] if t - start < window) for i, start in enumerate(times)),
+        default=0,
+    )
+
+
+def check_restart_limit(schedule: Schedule, server: Served) -> None:
+    """Refuse a schedule that would restart the server's actors past its limit."""
+    need = restarts_at_once(schedule, server.restart_window)
+    if need > server.max_restarts:
+        raise RuntimeError(
+            f"this schedule may restart actors {need} times within {server.restart_window:g} s, "
+            f"and the server gives up past {server.max_restarts} (its --max-restarts in "
+            f"--restart-window): the run would end in its giving up, as it should. Start "
+            f"rt-serve with --max-restarts {2 * need + 5}, or ask for fewer faults "
+            "(--fault-count)"
+        )
