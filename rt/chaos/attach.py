@@ -20,6 +20,10 @@ from typing import Any
 from rt.chaos.schedule import Schedule
 
 
+class AttachError(RuntimeError):
+    """The server attached to cannot be run against as asked (rt-chaos exits 2)."""
+
+
 @dataclass(frozen=True)
 class Served:
     device: str
@@ -41,7 +45,7 @@ async def served(url: str) -> Served:
             info = await ServerTarget(url.rstrip("/"), http).info()
         return of_info(info)
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
-        raise RuntimeError(f"{url}: no rt-serve /server_info to read ({err!r})") from err
+        raise AttachError(f"{url}: no rt-serve /server_info to read ({err!r})") from err
 
 
 def of_info(info: dict[str, Any]) -> Served:
@@ -77,7 +81,7 @@ def check_restart_limit(schedule: Schedule, server: Served) -> None:
     """Refuse a schedule that would restart the server's actors past its limit."""
     need = restarts_at_once(schedule, server.restart_window)
     if need > server.max_restarts:
-        raise RuntimeError(
+        raise AttachError(
             f"this schedule may restart actors {need} times within {server.restart_window:g} s, "
             f"and the server gives up past {server.max_restarts} (its --max-restarts in "
             f"--restart-window): the run would end in its giving up, as it should. Start "

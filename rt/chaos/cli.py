@@ -8,7 +8,7 @@
 Exit status: 0 when every checker passed, 1 when one failed (the report
 then ends with the shortest fault schedule that still fails) or when no
 planned fault fired (INCONCLUSIVE: the run tested nothing), 2 for a usage
-error. Attached to a server (``--url``), a schedule that would restart its
+error (or a server attached to that cannot take the run asked for). Attached to a server (``--url``), a schedule that would restart its
 actors past its ``--max-restarts`` is refused before it starts
 (rt/chaos/attach.py).
 """
@@ -25,6 +25,7 @@ from typing import Any
 
 import trio
 
+from rt.chaos.attach import AttachError
 from rt.chaos.campaign import CampaignConfig, Outcome, campaign
 from rt.chaos.run import RunConfig
 from rt.chaos.schedule import KINDS, MAIN_KINDS, PHASES, SIGNAL_KINDS, Schedule, ScheduleConfig
@@ -259,7 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             print(f"rt-chaos: {line}", file=sys.stderr, flush=True)
 
-    outcome: Outcome = trio.run(campaign, config, say)
+    try:
+        outcome: Outcome = trio.run(campaign, config, say)
+    except AttachError as err:  # (a server that cannot take the run asked for)
+        print(f"rt-chaos: error: {err}", file=sys.stderr)
+        return 2
     from rt.chaos.report import inconclusive, render, summary
 
     if args.json:

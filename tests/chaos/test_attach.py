@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rt.chaos.attach import Served, check_restart_limit, of_info, restarts_at_once
+from rt.chaos.attach import (
+    AttachError,
+    Served,
+    check_restart_limit,
+    of_info,
+    restarts_at_once,
+)
 from rt.chaos.schedule import Fault, Schedule
 
 
@@ -34,7 +40,7 @@ def test_a_schedule_past_the_servers_restart_limit_is_refused_saying_what_to_cha
     give up, as it should, and rt-chaos reported the server as failing."""
     server = Served("cpu", "float32", "/m", "auto", 5, 60.0)
     schedule = Schedule(1, tuple(kill(i, 1.0) for i in range(10)))
-    with pytest.raises(RuntimeError, match=r"10 times within 60 s.*--max-restarts 25"):
+    with pytest.raises(AttachError, match=r"10 times within 60 s.*--max-restarts 25"):
         check_restart_limit(schedule, server)
     check_restart_limit(Schedule(1, tuple(kill(i, 1.0) for i in range(5))), server)
     check_restart_limit(schedule, Served("cpu", "float32", "/m", "auto", 10, 60.0))
