@@ -69,6 +69,11 @@ from rt.outputs import GenerateOutput
 from rt.shm import RingReceiver, RingSender
 
 log = logging.getLogger(__name__)
+# A request in the queue of a scheduler at work (it stepped lately, and reports once a
+# second while busy) is not sent again for want of news (65,536 prompts of one batch
+# had 25,000 sent again) for so many stall timeouts: one lost under a queue that never
+# empties (steady overload) hung till the load stopped
+QUEUE_PATIENCE = 4
 
 
 class Engine:
@@ -248,9 +253,9 @@ class Engine:
         return msgspec.structs.replace(req, rid=uuid.uuid4().hex), req.rid
 
     async def _submit(
-        self, req: GenerateRequest, user_rid: str
+        self, req: GenerateRequest, user_rid: str, accepted: bool = False
     ) -> trio.MemoryReceiveChannel[Update | Refused]:
-        if self._closing or self.refusing:
+        if self._closing or (self.refusing and not accepted):  # (see Stream.accepted)
             raise errors.EngineShutdownError("the engine is shutting down; no new requests")
         waiting = trio.CancelScope()  # abort() cancels it: the request is not sent
         self._arriving.setdefault(user_rid, []).append(waiting)
@@ -472,30 +477,27 @@ class Engine:
     async def watch_stalls(self) -> None:
         """Send again a request with no news for ``stall_timeout`` (then twice as long,
         …): a frame lost on its way (a bug, a fault plan's drop) would hang it for good.
-        Idempotent: a tokenizer tokenizes it again and the table takes the first ids;
-        the scheduler drops a rid it holds, and resumes one it lost from the table's."""
+        Idempotent: a tokenizer tokenizes it again, the table keeps the first ids; the
+        scheduler drops a rid it holds, resumes one it lost from the table's."""
         timeout = self.options.stall_timeout
         if not timeout:
             return
-        steps, moved_at = -1, 0.0  # the scheduler's step count, and when it last changed
+        steps, moved_at = -1, 0.0  # the scheduler's step count, when it last changed
         while True:
             await trio.sleep(timeout / 4)
             status = self._sup.status()
             if self._paused or not status.healthy:
                 continue  # no news is expected; a restart resubmits everything anyway
             now, at_work = time.monotonic(), self._tok_queues.at_work(status)
-            # a scheduler at work on a queue (it stepped lately; it reports once a second
-            # while busy): a request in it may wait long for its turn (65,536 prompts of
-            # one batch had 25,000 sent again); one lost on the way shows once it is gone
-            stats = self._stats.value
+            stats = self._stats.value  # a scheduler at work on a queue (QUEUE_PATIENCE)
             if stats is not None and stats.steps != steps:
                 steps, moved_at = stats.steps, now
-            window = max(timeout, 2 * BUSY_REPORT_EVERY_S)
+            window, patience = max(timeout, 2 * BUSY_REPORT_EVERY_S), QUEUE_PATIENCE * timeout
             queueing = stats is not None and stats.waiting > 0 and now - moved_at < window
             stalled = [
                 r
                 for r in self.table.live()
-                if not (queueing and r.input_ids is not None)
+                if not (queueing and r.input_ids is not None and now - r.progress_at < patience)
                 and self._stalled(r, now, timeout, at_work)
             ]
             if stalled:  # one line a pass: an overload stalls hundreds at once

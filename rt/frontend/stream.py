@@ -47,6 +47,9 @@ class Stream:
         # last chunk, whose request is no longer live
         self._hold = contextlib.ExitStack()
         self._submitted = trio.Event()  # sent to the engine (or closed before)
+        # work accepted before a drain began (an HTTP request's later prompts): a drain,
+        # which refuses new requests, takes it
+        self.accepted = False
 
     def __aiter__(self) -> Stream:
         return self
@@ -73,7 +76,7 @@ class Stream:
         try:
             if self._updates is None:
                 self._hold.enter_context(self._engine.hold())
-                self._updates = await self._engine._submit(self._req, self.rid)
+                self._updates = await self._engine._submit(self._req, self.rid, self.accepted)
                 self._submitted.set()
                 if self._done:  # closed by another task while it was being submitted
                     self._engine._leave(self._req.rid)

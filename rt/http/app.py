@@ -29,6 +29,7 @@ from rt.http.asgi import (
     Send,
     last_word,
 )
+from rt.http.engine_port import answering
 from rt.http.front import Front
 from rt.http.openapi import document
 from rt.http.send_watch import SendWatch
@@ -166,7 +167,7 @@ class App:
                 )
         # Only now does a drain wait for it, until its answer is written: a body
         # still arriving is not the engine's (a stalled one held a drain for good).
-        with self.front.engine.hold():
+        with answering(self.front.engine):
             await route.handler(self.front, ex, *args)
 
     async def _other(self, ex: Exchange) -> None:

@@ -3,12 +3,31 @@ chunk, and the request's counts once its last sequence finished."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rt.outputs import Chunk
 
 TopLogprobs = tuple[tuple[int, float], ...]
+# Set while a request that came before the engine's drain is answered: its streams are
+# accepted work, which a drain takes (a batch starts its prompts a few at a time; those
+# after the drain began were refused, and the whole batch with a 503)
+_ACCEPTED = contextvars.ContextVar("rt_http_accepted", default=False)
+
+
+@contextlib.contextmanager
+def answering(engine: Any) -> Iterator[None]:
+    """Hold ``engine`` (a drain waits) while answering one request, whose streams,
+    if it came before the drain began, the drain takes."""
+    with engine.hold():
+        token = _ACCEPTED.set(not engine.refusing)
+        try:
+            yield
+        finally:
+            _ACCEPTED.reset(token)
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,7 @@ class EngineStream:
 
     def __init__(self, engine: Any, prompt: Any, options: dict[str, Any]) -> None:
         self._stream = engine.stream(prompt, **options)  # raises InvalidRequestError
+        self._stream.accepted = _ACCEPTED.get()
         self.rid: str = self._stream.rid
         self.completion_tokens = 0
 

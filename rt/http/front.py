@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import trio
@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from rt import errors
 from rt.actors import ActorState
+from rt.gpu.model_dir import read_model_dir
 from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta
 from rt.http.metrics import EngineState, Metrics
@@ -123,6 +124,8 @@ class Front:
         self.tokens = TokenTexts(engine.options.resolved_tokenizer_path())
         self.encoder = Encoder(engine.options.resolved_tokenizer_path())  # /tokenize's
         self.in_flight: dict[str, Tracked] = {}
+        self._pending: dict[str, str | None] = {}  # rid -> its batch, not started yet
+        self._aborted: set[str] = set()  # pending rids aborted before they started
         self.admitted = 0
         self._admissions: set[Admission] = set()
         self.scheduler: SchedulerStats | None = None
@@ -130,19 +133,28 @@ class Front:
         queued = settings.max_queued_requests
         self.limit = None if queued is None else options.max_running_requests + queued
         self.context_length, self.vocab_size = options.model_limits()
+        self.eos_ids = _eos_ids(options.resolved_model_path())  # (for stop_reason)
         self._parsing = trio.Lock()  # (a big body's turn to parse)
         self._parse_free_at = 0.0  # (and when it may start)
 
     async def parse(self, model: type[M], body: bytes) -> M:
-        """``body`` as ``model`` (or a 400: ``rt.http.schemas.parse``); a big one
-        waits for the others before it, so that other requests are served between."""
-        if len(body) < BIG_BODY:
+        """``body`` as ``model`` (or a 400: ``rt.http.schemas.parse``), in its turn."""
+        async with self.turn(len(body)):
             return parse(model, body)
+
+    @asynccontextmanager
+    async def turn(self, size: int) -> AsyncIterator[None]:
+        """The turn of a body (or a WebSocket frame) of ``size`` bytes to be parsed:
+        a big one waits for the others before it, so that other requests are served
+        between."""
+        if size < BIG_BODY:
+            yield
+            return
         async with self._parsing:
             await trio.sleep_until(self._parse_free_at)  # (the loop's other half)
             start = trio.current_time()
             try:
-                return parse(model, body)
+                yield
             finally:
                 now = trio.current_time()
                 self._parse_free_at = now + (now - start)
@@ -183,14 +195,43 @@ class Front:
             admission.release(admission.left)
 
     @contextmanager
+    def pending(self, rids: list[tuple[str, str | None]]) -> Iterator[None]:
+        """The rids of a request's prompts (each with its batch's), known before they
+        start (a batch starts them a few at a time): abortable and taken from the
+        start, as if in flight."""
+        for k, (rid, batch) in enumerate(rids):
+            if rid in self.in_flight or rid in self._pending:
+                for taken, _ in rids[:k]:
+                    del self._pending[taken]
+                self._in_use(rid)
+            self._pending[rid] = batch
+        try:
+            yield
+        finally:
+            for rid, _ in rids:
+                self._pending.pop(rid, None)
+                self._aborted.discard(rid)
+
+    def started(self, rid: str) -> bool:
+        """A pending prompt starts: no longer pending; whether it was aborted."""
+        self._pending.pop(rid, None)
+        if rid in self._aborted:
+            self._aborted.discard(rid)
+            return True
+        return False
+
+    def _in_use(self, rid: str) -> None:
+        raise HTTPError(
+            400,
+            f"rid: {rid!r} is already in flight; a rid can be used again once its "
+            "request has finished",
+            param="rid",
+        )
+
+    @contextmanager
     def track(self, rid: str, batch: str | None = None) -> Iterator[Tracked]:
-        if rid in self.in_flight:
-            raise HTTPError(
-                400,
-                f"rid: {rid!r} is already in flight; a rid can be used again once its "
-                "request has finished",
-                param="rid",
-            )
+        if rid in self.in_flight or rid in self._pending:
+            self._in_use(rid)
         tracked = Tracked(self, rid, batch)
         self.in_flight[rid] = tracked
         try:
@@ -205,18 +246,22 @@ class Front:
         it was (their rids are ``rid-0``, ``rid-1``, …; a request whose client chose
         such a rid is no batch's). Returns how many."""
         tracked = self.in_flight.get(rid)
-        if tracked is not None:
-            found = [tracked]
+        if tracked is not None or rid in self._pending:
+            found = [tracked] if tracked is not None else []
+            waiting = [rid] if tracked is None else []
         else:
             found = [t for t in self.in_flight.values() if t.batch == rid]
+            waiting = [r for r, batch in self._pending.items() if batch == rid]
         for each in found:
             each.abort("abort_request")
-        return len(found)
+        self._aborted.update(waiting)  # (ended as they start)
+        return len(found) + len(waiting)
 
     def abort_all(self) -> int:
         for tracked in list(self.in_flight.values()):
             tracked.abort("abort_request")
-        return len(self.in_flight)
+        self._aborted.update(self._pending)
+        return len(self.in_flight) + len(self._pending)
 
     # ---- the engine's state ---------------------------------------------------------
 
@@ -321,3 +366,11 @@ def _param(message: str) -> str | None:
     if sep and head and " " not in head:
         return head
     return None
+
+
+def _eos_ids(model_path: str) -> frozenset[int]:
+    """The model's end-of-text ids (generation_config.json's, config.json's)."""
+    try:
+        return frozenset(read_model_dir(model_path).eos_token_ids)
+    except errors.RtError:  # (the engine that read it first said why, if it could not)
+        return frozenset()

@@ -158,7 +158,11 @@ async def run(
     failures: list[HTTPError] = []
     if taken is None and len(jobs) > 1:
         taken = Taken(len(jobs))
-    with front.admit(sum(_samples(job) for job in jobs) if limited else 0) as admission:
+    pending = [(job.rid, job.batch) for job in jobs] if len(jobs) > 1 else []
+    with (
+        front.admit(sum(_samples(job) for job in jobs) if limited else 0) as admission,
+        front.pending(pending),  # (abortable before their turns)
+    ):
         async with trio.open_nursery() as nursery:
             for i, job in enumerate(jobs):
                 if taken is not None:
@@ -198,7 +202,10 @@ async def _run_one(
         job.rid, [Seq() for _ in range(n if isinstance(n, int) and 0 < n <= MAX_N else 1)]
     )
     try:
+        aborted = front.started(job.rid)  # (aborted while it waited for its turn)
         with front.track(job.rid, job.batch) as tracked:
+            if aborted:
+                tracked.abort("abort_request")
             stream = tracked.stream = EngineStream(front.engine, job.prompt, job.options)
             admission.watch(stream, _samples(job))
             watching = trio.CancelScope()

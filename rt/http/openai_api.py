@@ -156,14 +156,17 @@ def _finish(seq: Seq, result: Result) -> str | None:
     return seq.finish_reason or ("abort" if result.aborted else None)
 
 
-def stop_reason(req: OpenAISampling, seq: Seq) -> int | str | None:
+def stop_reason(front: Front, req: OpenAISampling, seq: Seq) -> int | str | None:
     """vLLM's ``stop_reason``: the stop string, or the ``stop_token_ids`` id, that
-    ended the choice; None for the end of text (EOS) or its length. (SGLang's
-    ``matched_stop`` names the EOS id too.)"""
+    ended the choice; None for the end of text (EOS, first: also when it is among the
+    stop ids, unless ignore_eos) or its length. (SGLang's ``matched_stop`` names the
+    EOS id too.)"""
     stop = seq.matched_stop
     if seq.finish_reason != "stop" or stop is None:
         return None
-    if isinstance(stop, str) or stop in (req.stop_token_ids or ()):
+    if isinstance(stop, str):
+        return stop
+    if stop in (req.stop_token_ids or ()) and (req.ignore_eos or stop not in front.eos_ids):
         return stop
     return None
 
@@ -270,7 +273,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                     else None,
                     "finish_reason": _finish(seq, result),
                     "matched_stop": seq.matched_stop,
-                    "stop_reason": stop_reason(req, seq),
+                    "stop_reason": stop_reason(front, req, seq),
                 }
             )
     await ex.json({**head, "choices": choices, "usage": usage(results)})
@@ -353,7 +356,7 @@ async def _stream_completions(
             "logprobs": logprobs,
             "finish_reason": finish,
             "matched_stop": seq.matched_stop if finish else None,
-            "stop_reason": stop_reason(req, seq) if finish else None,
+            "stop_reason": stop_reason(front, req, seq) if finish else None,
         }
 
     def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
@@ -500,7 +503,7 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
             else None,
             "finish_reason": _finish(seq, result),
             "matched_stop": seq.matched_stop,
-            "stop_reason": stop_reason(req, seq),
+            "stop_reason": stop_reason(front, req, seq),
         }
         for j, seq in enumerate(result.seqs)
     ]
@@ -543,7 +546,7 @@ async def _stream_chat(
             "logprobs": logprobs,
             "finish_reason": delta.finish_reason,
             "matched_stop": seq.matched_stop if delta.finish_reason else None,
-            "stop_reason": stop_reason(req, seq) if delta.finish_reason else None,
+            "stop_reason": stop_reason(front, req, seq) if delta.finish_reason else None,
         }
         return [*events, {**head, "choices": [choice], **extra(result, seq)}]
 

@@ -5,8 +5,8 @@ Validation is strict (JSON types as written: ``"2"`` is not a number, ``1``
 is not a bool; but a whole float is an integer, ``2.0`` as ``2``, as Python's
 ``/`` makes them) and an unknown field is refused: a misspelt sampling
 parameter silently ignored would be a wrong answer, not a lenient one. But an
-unknown field that asks for nothing (``null``, ``false``, ``[]``, ``{}``, or a
-default in ``FOREIGN_DEFAULTS``) is left out, with a log line, as vLLM and
+unknown field that asks for nothing (``null``, ``false``, or a default in
+``FOREIGN_DEFAULTS``) is left out, with a log line, as vLLM and
 SGLang ignore it: clients written for them send their whole set of options
 (SGLang's ``sgl.gen`` sends ``"regex": null``, its bench ``"lora_path": null``).
 A ``null`` means "not given". Ranges are left to the engine, whose messages
@@ -379,11 +379,12 @@ def _prepared(model: type[BaseModel], obj: dict[str, Any], at: tuple[Any, ...]) 
 
 
 # Fields of vLLM's and SGLang's that rt does not take, at the value that asks for
-# nothing (besides null, false, [] and {}): a client that sends its defaults is served.
+# nothing (besides null and false): a client that sends its defaults is served.
 FOREIGN_DEFAULTS: dict[str, Any] = {
     "length_penalty": 1.0,  # vLLM's beam search, off
     "response_format": {"type": "text"},  # /v1/completions (vLLM takes it there)
     "logprob_start_len": -1,  # SGLang's, in the OpenAI bodies
+    "log_metrics": True,  # SGLang's /generate default
 }
 _IGNORED_NAMES_LOGGED = 256  # a bound on the names logged (a client may send many)
 _ignored_logged: set[str] = set()
@@ -391,9 +392,7 @@ _ignored_logged: set[str] = set()
 
 def asks_nothing(name: str, value: Any) -> bool:
     """An unknown field's value that asks for nothing: left out, not refused."""
-    if value is None or value is False:
-        return True
-    if type(value) in (list, dict) and not value:
+    if value is None or value is False:  # (not {} or []: vLLM's guided_json {} asks for JSON)
         return True
     default = FOREIGN_DEFAULTS.get(name, _ABSENT)
     if type(default) in (int, float):  # (true is no number here, though Python's 1)

@@ -46,7 +46,7 @@ import trio
 
 from rt.http import native
 from rt.http.asgi import HTTPError, Message, Receive, Send, encode, last_word
-from rt.http.engine_port import Delta
+from rt.http.engine_port import Delta, answering
 from rt.http.front import Front
 from rt.http.generation import Result, Seq, run
 from rt.http.schemas import GenerateRequest, WsFrame, loads, parse
@@ -152,7 +152,8 @@ class Connection:
             )
             return
         try:
-            obj = loads(data)
+            async with self.front.turn(size):
+                obj = loads(data)
         except HTTPError as err:
             await self._answer(None, err)
             return
@@ -192,7 +193,8 @@ class Connection:
                     f"this connection has {len(self.in_flight)} requests in flight, the most "
                     f"it may have (--ws-max-in-flight {limit}); send this one when one is done",
                 )
-            req = parse(GenerateRequest, body)  # (every WebSocket request streams)
+            async with self.front.turn(size):  # (every WebSocket request streams)
+                req = parse(GenerateRequest, body)
             jobs, batch = native.build_jobs(self.front, req)
             if batch:
                 field = native.prompt_field(req)
@@ -235,7 +237,7 @@ class Connection:
         finished requests still queued for a client reading a little slower than
         they came, and the 1001 close then dropped them."""
         sent = trio.Event()
-        with self.front.engine.hold():
+        with answering(self.front.engine):
             try:
                 await self._answer_request(cid, req, jobs, running, sent)
             finally:

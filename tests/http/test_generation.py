@@ -84,3 +84,33 @@ async def test_big_bodies_at_once_leave_the_server_answering(default_server: Ser
             done.set()
     gaps = [b - a for a, b in zip([start, *answered], answered, strict=False)]
     assert max(gaps) < took / 3, (max(gaps), took)  # (before: 0.54 of it)
+
+
+async def test_every_prompt_of_a_batch_is_abortable_before_its_turn(
+    default_server: Server,
+) -> None:
+    """A prompt waiting for its turn (past the first INTAKE) was in no table that
+    /abort_request looks in: by its own rid, a 404, and it ran to its end; by its
+    batch's rid, only those started were aborted (found by a review)."""
+    count = 600  # (> INTAKE)
+    rids = [f"turn-{i}" for i in range(count)]
+    params = {"max_new_tokens": 4, "ignore_eos": True}
+    body = {"text": ["In the"] * count, "rid": rids, "sampling_params": params}
+    out: dict[str, httpx.Response] = {}
+
+    async def batch(client: httpx.AsyncClient) -> None:
+        out["r"] = await client.post("/generate", json=body)
+
+    async with (
+        httpx.AsyncClient(base_url=default_server.url, timeout=300) as client,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(batch, client)
+        with trio.fail_after(60):  # (its first prompts in flight: the last waits)
+            while not (await client.get("/server_info")).json()["requests_in_flight"]:
+                await trio.sleep(0.01)
+        aborted = await client.post("/abort_request", json={"rid": rids[-1]})
+        assert aborted.status_code == 200 and aborted.json() == {"aborted": 1}, aborted.text
+    results = out["r"].json()
+    assert results[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in results[:-1])

@@ -206,6 +206,7 @@ def test_what_sglangs_clients_send_is_served(default_server: Server) -> None:
         "lora_path": None,
         "image_data": None,
         "return_hidden_states": False,
+        "log_metrics": True,
         "model": "default",
         "logprob_start_len": 0,
         "stream_options": {"include_usage": True},

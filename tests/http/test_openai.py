@@ -496,7 +496,7 @@ def test_the_chat_templates_variables(client: openai.OpenAI) -> None:
 
 def test_what_vllm_and_sglang_clients_send_and_ignore_is_served(client: openai.OpenAI) -> None:
     """Fields of vLLM's and SGLang's that rt does not take, at values that ask for
-    nothing (null, false, {}, a default), as wrappers send their whole set of
+    nothing (null, false, a default), as wrappers send their whole set of
     options; a whole float for an integer (``max_tokens=n / 2``); SGLang's model
     name "default". Each was a 400 or a 404; a value that asks for something
     rt lacks still is a 400 naming the field."""
@@ -506,7 +506,7 @@ def test_what_vllm_and_sglang_clients_send_and_ignore_is_served(client: openai.O
         "length_penalty": 1.0,
         "prompt_logprobs": None,
         "guided_json": None,
-        "structured_outputs": {},
+        "structured_outputs": None,
         "lora_path": None,
         "response_format": {"type": "text"},
         "ignore_eos": True,
@@ -517,7 +517,8 @@ def test_what_vllm_and_sglang_clients_send_and_ignore_is_served(client: openai.O
         model="default", messages=MESSAGES, max_tokens=2, extra_body={"echo": False, "regex": None}
     )
     assert chat.usage is not None and chat.usage.completion_tokens <= 2
-    for name, value in (("guided_json", {"type": "object"}), ("length_penalty", 0.5)):
+    # ({} asks for something too: vLLM's guided_json {} constrains the answer to JSON)
+    for name, value in (("guided_json", {}), ("length_penalty", 0.5)):
         with pytest.raises(openai.BadRequestError, match=f"{name}: unknown field") as err:
             client.completions.create(**kwargs, extra_body={name: value})
         assert err.value.param == name
@@ -544,6 +545,11 @@ def test_stop_reason_names_the_stop_that_ended_a_choice(client: openai.OpenAI) -
     assert by_id.choices[0].stop_reason == token  # type: ignore[attr-defined]
     last = list(client.completions.create(**kwargs, max_tokens=12, extra_body=extra, stream=True))
     assert last[-1].choices[0].stop_reason == token  # type: ignore[attr-defined]
+    # the end of text (the model's EOS, 1) is no stop_reason, among the stop ids too
+    eos: Any = {"logit_bias": {"1": 100}, "stop_token_ids": [1]}
+    at_eos = client.completions.create(**kwargs, max_tokens=4, extra_body=eos).choices[0]
+    assert at_eos.finish_reason == "stop" and at_eos.stop_reason is None  # type: ignore[attr-defined]
+    assert at_eos.matched_stop == 1  # type: ignore[attr-defined]  # (SGLang's names it)
     chat_kwargs: Any = {"model": model_id(client), "messages": MESSAGES, "temperature": 0}
     said = client.chat.completions.create(**chat_kwargs, max_tokens=12).choices[0].message.content
     word = (said or "").split()[1]

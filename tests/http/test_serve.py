@@ -232,7 +232,18 @@ async def test_a_signal_refuses_new_requests_drains_and_exits_0(tmp_path: Path, 
             "stream": True,
             "sampling_params": {"max_new_tokens": 100, "ignore_eos": True},
         }
-        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        # a batch of more prompts than start at once (INTAKE): those after the signal
+        # are accepted work too (they were refused, and the whole batch with a 503)
+        batch = {"text": ["x"] * 600, "sampling_params": {"max_new_tokens": 2}}
+        got: dict[str, httpx.Response] = {}
+
+        async def send_batch(client: httpx.AsyncClient) -> None:
+            got["batch"] = await client.post("/generate", json=batch)
+
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+            trio.open_nursery() as nursery,
+        ):
             events = []
             async with client.stream("POST", "/generate", json=body) as response:
                 async for line in response.aiter_lines():
@@ -240,6 +251,10 @@ async def test_a_signal_refuses_new_requests_drains_and_exits_0(tmp_path: Path, 
                         continue
                     events.append(line[6:])
                     if len(events) == 1:
+                        nursery.start_soon(send_batch, client)
+                        with trio.fail_after(30):  # (in flight: some of it sent)
+                            while server.info()["requests_in_flight"] < 2:
+                                await trio.sleep(0.005)
                         server.proc.send_signal(sig)
                         with trio.fail_after(10):
                             while (await client.get("/health")).status_code != 503:
@@ -253,6 +268,8 @@ async def test_a_signal_refuses_new_requests_drains_and_exits_0(tmp_path: Path, 
                         assert "cannot be paused" in pause.json()["error"]["message"]
         assert events[-1] == "[DONE]"
         assert len(json.loads(events[-2])["output_ids"]) == 100
+        assert got["batch"].status_code == 200, got["batch"].text[:300]
+        assert len(got["batch"].json()) == 600
     finally:
         code = server.stop()
     assert code == 0

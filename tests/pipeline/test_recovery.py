@@ -218,6 +218,36 @@ async def test_requests_queued_in_a_scheduler_at_work_are_not_sent_again(
     assert lines == []
 
 
+async def test_a_request_lost_under_a_queue_that_never_empties_is_sent_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queued request is not sent again for want of news, but only for
+    QUEUE_PATIENCE stall timeouts: one whose frame was lost under steady overload
+    (a queue that never empties) hung until the load stopped (found by a review)."""
+    drop = {"actor": "scheduler", "point": "receive", "action": "drop", "incarnation": 1}
+    drop["after"] = 40  # the first frame after a burst of 40 that makes the queue
+    slow = {"actor": "scheduler", "point": "step", "action": "delay", "delay_ms": 40, "times": 0}
+    options: dict[str, Any] = dict(max_new_tokens=10, ignore_eos=True, temperature=0.0)
+    async with rt.open_engine(
+        fault_plan=plan(tmp_path, drop, slow), stall_timeout=1.0, max_running_requests=2, **NULL
+    ) as engine:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for i in range(40):
+                    nursery.start_soon(partial(engine.generate, f"burst {i}", **options))
+                    await trio.sleep(0)
+                await trio.sleep(2.0)  # (the scheduler reports its queue once a second)
+                start, lost_at, i = trio.current_time(), time.time(), 0
+                while trio.current_time() - start < 7.0:  # more than 2 at a time can do
+                    for _ in range(3):
+                        nursery.start_soon(partial(engine.generate, f"load {i}", **options))
+                        i += 1
+                    await trio.sleep(0.5)
+                load_ended = time.time()
+    again = [r.created for r in caplog.records if "sending them again" in r.getMessage()]
+    assert any(lost_at < t < load_ended for t in again), (lost_at, load_ended, again)
+
+
 async def test_an_overloads_stalled_requests_are_logged_in_one_line_a_pass(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
