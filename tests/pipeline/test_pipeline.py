@@ -552,12 +552,20 @@ async def test_a_request_the_dead_scheduler_took_before_the_frontend_knew_its_id
 
 
 @pytest.mark.slow
-async def test_max_new_tokens_none_fills_the_context_across_a_scheduler_kill(tiny_model) -> None:
+async def test_max_new_tokens_none_fills_the_context_across_a_scheduler_kill(
+    tiny_model, tmp_path: Path
+) -> None:
     """``max_new_tokens=None`` (OpenAI's chat default) is the room the prompt
     leaves: the tokenizer sets it, and the frontend's table keeps it, so the
     scheduler that resumes the request after a kill gives the same tokens."""
     reqs = [("The quick brown fox", {"max_new_tokens": None, "ignore_eos": True, "seed": 5})]
-    options = {**OPTIONS, "context_length": 160}  # (the model's is 512: a third of the steps)
+    # (the model's context is 512: a third of the steps; each 5 ms longer, so that a
+    # reader behind under the full suite does not get the ~75 tokens of the second
+    # engine as one chunk, before any kill: it did once)
+    slow = {"actor": "scheduler", "point": "step", "action": "delay", "delay_ms": 5, "times": 0}
+    plan = tmp_path / "slow.json"
+    plan.write_text(json.dumps({"seed": 1, "faults": [slow]}))
+    options = {**OPTIONS, "context_length": 160, "fault_plan": str(plan)}
     async with rt.open_engine(str(tiny_model), **options) as engine:
         out = await engine.generate(*reqs[0][:1], **reqs[0][1])
         assert out.meta.completion_tokens == 160 - out.meta.prompt_tokens
