@@ -4,7 +4,11 @@ server goes on answering (rt/http/generation.py's intake, Front.parse's turns)."
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import trio
@@ -114,3 +118,17 @@ async def test_every_prompt_of_a_batch_is_abortable_before_its_turn(
     results = out["r"].json()
     assert results[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in results[:-1])
+
+
+def test_bench_stall_prints_what_health_waited(default_server: Server) -> None:
+    """tools/bench_stall.py, the measure of the two fixes above (docs/benchmarks.md)."""
+    tool = Path(__file__).resolve().parents[2] / "tools" / "bench_stall.py"
+    out = subprocess.run(
+        [sys.executable, str(tool), "--url", default_server.url, "--batch", "300"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert re.search(r"load: 1 request\(s\) to /v1/completions, [\d.]+ s, statuses \[200\]", out)
+    assert re.search(r"/health: \d+ probes, longest wait [\d.]+ s, \d+ over 1 s, failed none", out)
