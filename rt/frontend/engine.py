@@ -510,7 +510,7 @@ class Engine:
                     ", …" if len(stalled) > 3 else "",
                 )
             for record in (r for r in stalled if not r.finished):  # (lazily: sends wait)
-                record.redrives += 1
+                record.redrives, record.redriven_at = record.redrives + 1, now
                 if record.input_ids is None:  # lost before its ids came back: tokenize again
                     # (from here, not queued: a full tokenizer ring must not hold up controls)
                     try:
@@ -522,7 +522,10 @@ class Engine:
 
     def _stalled(self, record: Record, now: float, timeout: float, at_work: set[int]) -> bool:
         """No news for its timeout, and not queued behind its tokenizer's backlog."""
-        if record.held or now - record.progress_at < timeout * 2**record.redrives:
+        # (twice as long each time, from its last news or its last copy: a request that
+        # waited out QUEUE_PATIENCE drew a copy each pass, three in a row)
+        since = now - max(record.progress_at, record.redriven_at)
+        if record.held or since < timeout * 2**record.redrives:
             return False
         queues = self._tok_queues
         return record.input_ids is not None or not queues.queued(record.rid, now, timeout, at_work)

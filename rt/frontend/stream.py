@@ -47,9 +47,9 @@ class Stream:
         # last chunk, whose request is no longer live
         self._hold = contextlib.ExitStack()
         self._submitted = trio.Event()  # sent to the engine (or closed before)
-        # work accepted before a drain began (an HTTP request's later prompts): a drain,
-        # which refuses new requests, takes it
-        self.accepted = False
+        # work accepted before a drain began (made before it; or an HTTP request's later
+        # prompts): a drain, which refuses new requests, takes it
+        self.accepted = not engine.refusing
 
     def __aiter__(self) -> Stream:
         return self

@@ -106,6 +106,7 @@ class Record:
     held: bool = False  # held back in quarantine: not in the scheduler
     progress_at: float = 0.0  # its last news (time.monotonic()): sent, ids, tokens
     redrives: int = 0  # times it was sent again for lack of news (a frame lost)
+    redriven_at: float = 0.0  # when it was last sent again (time.monotonic())
     ended: int = 0  # its sequences with a finish_reason (finished is asked for every delta)
 
     @property

@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
@@ -84,6 +85,30 @@ class Tracked:
         self._last[delta.index] = now
 
 
+@dataclass
+class Waiting:
+    """A prompt of a request, not started yet (see Front.pending)."""
+
+    batch: str | None
+    aborted: bool = False
+
+
+class Turns:
+    """The prompts of one request that wait for their turn to start."""
+
+    def __init__(self, front: Front) -> None:
+        self._front = front
+        self.waiting: dict[str, Waiting] = {}
+
+    def started(self, rid: str) -> bool:
+        """Prompt ``rid`` starts (it is no longer pending); whether it was aborted."""
+        waiting = self.waiting.get(rid)
+        if waiting is None or self._front._pending.get(rid) is not waiting:
+            return False
+        del self._front._pending[rid]
+        return waiting.aborted
+
+
 class Admission:
     """The generations one request was admitted for. Each stream's leave the
     count once the engine has ended that stream, not when the client has read
@@ -124,8 +149,7 @@ class Front:
         self.tokens = TokenTexts(engine.options.resolved_tokenizer_path())
         self.encoder = Encoder(engine.options.resolved_tokenizer_path())  # /tokenize's
         self.in_flight: dict[str, Tracked] = {}
-        self._pending: dict[str, str | None] = {}  # rid -> its batch, not started yet
-        self._aborted: set[str] = set()  # pending rids aborted before they started
+        self._pending: dict[str, Waiting] = {}  # prompts' rids, not started yet
         self.admitted = 0
         self._admissions: set[Admission] = set()
         self.scheduler: SchedulerStats | None = None
@@ -195,30 +219,21 @@ class Front:
             admission.release(admission.left)
 
     @contextmanager
-    def pending(self, rids: list[tuple[str, str | None]]) -> Iterator[None]:
+    def pending(self, rids: list[tuple[str, str | None]]) -> Iterator[Turns]:
         """The rids of a request's prompts (each with its batch's), known before they
         start (a batch starts them a few at a time): abortable and taken from the
-        start, as if in flight."""
-        for k, (rid, batch) in enumerate(rids):
-            if rid in self.in_flight or rid in self._pending:
-                for taken, _ in rids[:k]:
-                    del self._pending[taken]
-                self._in_use(rid)
-            self._pending[rid] = batch
+        start, as if in flight. Each prompt says it starts through the Turns."""
+        turns = Turns(self)
         try:
-            yield
+            for rid, batch in rids:
+                if rid in self.in_flight or rid in self._pending:
+                    self._in_use(rid)
+                self._pending[rid] = turns.waiting[rid] = Waiting(batch)
+            yield turns
         finally:
-            for rid, _ in rids:
-                self._pending.pop(rid, None)
-                self._aborted.discard(rid)
-
-    def started(self, rid: str) -> bool:
-        """A pending prompt starts: no longer pending; whether it was aborted."""
-        self._pending.pop(rid, None)
-        if rid in self._aborted:
-            self._aborted.discard(rid)
-            return True
-        return False
+            for rid, waiting in turns.waiting.items():  # (those still its own)
+                if self._pending.get(rid) is waiting:
+                    del self._pending[rid]
 
     def _in_use(self, rid: str) -> None:
         raise HTTPError(
@@ -248,19 +263,21 @@ class Front:
         tracked = self.in_flight.get(rid)
         if tracked is not None or rid in self._pending:
             found = [tracked] if tracked is not None else []
-            waiting = [rid] if tracked is None else []
+            waiting = [self._pending[rid]] if tracked is None else []
         else:
             found = [t for t in self.in_flight.values() if t.batch == rid]
-            waiting = [r for r, batch in self._pending.items() if batch == rid]
+            waiting = [w for w in self._pending.values() if w.batch == rid]
         for each in found:
             each.abort("abort_request")
-        self._aborted.update(waiting)  # (ended as they start)
+        for one in waiting:  # (ended as they start)
+            one.aborted = True
         return len(found) + len(waiting)
 
     def abort_all(self) -> int:
         for tracked in list(self.in_flight.values()):
             tracked.abort("abort_request")
-        self._aborted.update(self._pending)
+        for waiting in self._pending.values():
+            waiting.aborted = True
         return len(self.in_flight) + len(self._pending)
 
     # ---- the engine's state ---------------------------------------------------------

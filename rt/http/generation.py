@@ -21,7 +21,7 @@ from rt import errors
 from rt.gpu.sampling_params import MAX_N
 from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta, EngineStream, Prompt, TopLogprobs
-from rt.http.front import Admission, Front, http_error
+from rt.http.front import Admission, Front, Turns, http_error
 
 
 @dataclass
@@ -161,7 +161,7 @@ async def run(
     pending = [(job.rid, job.batch) for job in jobs] if len(jobs) > 1 else []
     with (
         front.admit(sum(_samples(job) for job in jobs) if limited else 0) as admission,
-        front.pending(pending),  # (abortable before their turns)
+        front.pending(pending) as turns,  # (abortable before their turns)
     ):
         async with trio.open_nursery() as nursery:
             for i, job in enumerate(jobs):
@@ -179,6 +179,7 @@ async def run(
                     failures,
                     nursery,
                     taken,
+                    turns,
                 )
     if failures:
         raise failures[0]
@@ -196,13 +197,14 @@ async def _run_one(
     failures: list[HTTPError],
     nursery: trio.Nursery,
     taken: Taken | None,
+    turns: Turns,
 ) -> None:
     n = job.options.get("n", 1)  # not validated yet: the engine refuses a bad one below
     result = results[i] = Result(
         job.rid, [Seq() for _ in range(n if isinstance(n, int) and 0 < n <= MAX_N else 1)]
     )
     try:
-        aborted = front.started(job.rid)  # (aborted while it waited for its turn)
+        aborted = turns.started(job.rid)  # (aborted while it waited for its turn)
         with front.track(job.rid, job.batch) as tracked:
             if aborted:
                 tracked.abort("abort_request")

@@ -385,6 +385,7 @@ FOREIGN_DEFAULTS: dict[str, Any] = {
     "response_format": {"type": "text"},  # /v1/completions (vLLM takes it there)
     "logprob_start_len": -1,  # SGLang's, in the OpenAI bodies
     "log_metrics": True,  # SGLang's /generate default
+    "bad_words": [],  # vLLM's default
 }
 _IGNORED_NAMES_LOGGED = 256  # a bound on the names logged (a client may send many)
 _ignored_logged: set[str] = set()
@@ -397,7 +398,7 @@ def asks_nothing(name: str, value: Any) -> bool:
     default = FOREIGN_DEFAULTS.get(name, _ABSENT)
     if type(default) in (int, float):  # (true is no number here, though Python's 1)
         return type(value) in (int, float) and value == default
-    return bool(value == default)
+    return type(value) is type(default) and bool(value == default)  # (nor is 1 true)
 
 
 _ABSENT = object()

@@ -37,6 +37,15 @@ async def main():
                     raise
                 print("FINISHED", len(out.output_ids), flush=True)
             nursery.start_soon(long)
+            made = engine.stream("made before", max_new_tokens=3, ignore_eos=True)
+            async def late():  # made before the signal, read after: accepted work
+                await trio.sleep(0.8)
+                try:
+                    ids = [i async for chunk in made for i in chunk.output_ids]
+                except EngineShutdownError:
+                    return
+                print("LATE", len(ids), flush=True)
+            nursery.start_soon(late)
             await trio.sleep(0.3)
             if sys.argv[3:] == ["pause"]:
                 await engine.pause_generation()
@@ -109,6 +118,7 @@ def test_a_signal_drains_then_stops_everything(sig: int, drain: float, finished:
     out, actors = run.out, run.actors
     assert len(actors) == 4  # the three actors, and the segments' reaper (rt/shm/reaper.py)
     assert ("FINISHED 300" in out) is finished, out
+    assert ("LATE 3" in out) is finished, out  # (a stream made before, read after: it was refused)
     assert ("CUT OFF: the engine stopped" in out) is not finished, out
     assert f"STOPPED BY {signal.Signals(sig).name}" in out
     deadline = time.monotonic() + 5

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
@@ -94,28 +95,45 @@ async def test_every_prompt_of_a_batch_is_abortable_before_its_turn(
     default_server: Server,
 ) -> None:
     """A prompt waiting for its turn (past the first INTAKE) was in no table that
-    /abort_request looks in: by its own rid, a 404, and it ran to its end; by its
-    batch's rid, only those started were aborted (found by a review)."""
-    count = 600  # (> INTAKE)
-    rids = [f"turn-{i}" for i in range(count)]
-    params = {"max_new_tokens": 4, "ignore_eos": True}
-    body = {"text": ["In the"] * count, "rid": rids, "sampling_params": params}
+    /abort_request looks in: by its own rid, a 404, and it ran to its end. Then
+    (found by reviews) any single request took such a rid (its batch failed when
+    the prompt started), an abort of it went to that request, and a request that
+    ended released rids another batch had reserved since."""
+    count = 6000  # (> INTAKE: the last wait their turns a second or so)
+    rids = [f"turn-{i}" for i in range(count - 1)] + ["first-0"]  # (its last: first's)
+    one = {"max_new_tokens": 1, "ignore_eos": True}
+    body = {"text": ["In the"] * count, "rid": rids, "sampling_params": one}
+    first = {"text": ["a", "b"], "rid": ["first-0", "first-1"]}
+    first["sampling_params"] = [one, {"max_new_tokens": 300, "ignore_eos": True}]
     out: dict[str, httpx.Response] = {}
 
-    async def batch(client: httpx.AsyncClient) -> None:
-        out["r"] = await client.post("/generate", json=body)
+    async def post(client: httpx.AsyncClient, name: str, body: dict[str, Any]) -> None:
+        out[name] = await client.post("/generate", json=body)
+
+    async def in_flight(client: httpx.AsyncClient) -> int:
+        return int((await client.get("/server_info")).json()["requests_in_flight"])
 
     async with (
         httpx.AsyncClient(base_url=default_server.url, timeout=300) as client,
         trio.open_nursery() as nursery,
     ):
-        nursery.start_soon(batch, client)
-        with trio.fail_after(60):  # (its first prompts in flight: the last waits)
-            while not (await client.get("/server_info")).json()["requests_in_flight"]:
+        nursery.start_soon(post, client, "first", first)
+        with trio.fail_after(60):  # (first-0 done, first-1 going on)
+            while await in_flight(client) != 1:
                 await trio.sleep(0.01)
-        aborted = await client.post("/abort_request", json={"rid": rids[-1]})
+        nursery.start_soon(post, client, "batch", body)
+        with trio.fail_after(60):
+            while await in_flight(client) < 2:
+                await trio.sleep(0.01)
+        assert (await client.post("/abort_request", json={"rid": "first-1"})).is_success
+        with trio.fail_after(60):  # (the first request ends: first-0 stays the batch's)
+            while "first" not in out:
+                await trio.sleep(0.01)
+        taken = await client.post("/v1/completions", json={"prompt": "x", "rid": rids[-2]})
+        assert taken.status_code == 400 and "already in flight" in taken.text, taken.text
+        aborted = await client.post("/abort_request", json={"rid": "first-0"})
         assert aborted.status_code == 200 and aborted.json() == {"aborted": 1}, aborted.text
-    results = out["r"].json()
+    results = out["batch"].json()
     assert results[-1]["meta_info"]["finish_reason"]["type"] == "abort"
     assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in results[:-1])
 

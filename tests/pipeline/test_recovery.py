@@ -244,7 +244,8 @@ async def test_a_request_lost_under_a_queue_that_never_empties_is_sent_again(
                         i += 1
                     await trio.sleep(0.5)
                 load_ended = time.time()
-    again = [r.created for r in caplog.records if "sending them again" in r.getMessage()]
+    lines = [r for r in caplog.records if "sending them again" in r.getMessage()]
+    again = [r.created for r in lines]
     assert any(lost_at < t < load_ended for t in again), (lost_at, load_ended, again)
 
 
