@@ -103,6 +103,7 @@ class Engine:
         self._tokenizing: dict[str, trio.Event] = {}  # set when that rid's ids come, or it ends
         self._closing = False  # the rings are closing: nothing more is sent
         self.refusing = False  # a drain: new requests are refused, the rest goes on
+        self.gave_up = False  # the drain gave up (refuse_live): accepted work is refused too
         self._holds = 0  # callers answering for requests that left the table (hold())
         scheduler = supervisor.status().actor(SCHEDULER)
         self._epoch, self._charged = scheduler.incarnation, scheduler.request_crashes
@@ -255,7 +256,7 @@ class Engine:
     async def _submit(
         self, req: GenerateRequest, user_rid: str, accepted: bool = False
     ) -> trio.MemoryReceiveChannel[Update | Refused]:
-        if self._closing or (self.refusing and not accepted):  # (see Stream.accepted)
+        if self._closing or self.gave_up or (self.refusing and not accepted):
             raise errors.EngineShutdownError("the engine is shutting down; no new requests")
         waiting = trio.CancelScope()  # abort() cancels it: the request is not sent
         self._arriving.setdefault(user_rid, []).append(waiting)
@@ -522,9 +523,7 @@ class Engine:
 
     def _stalled(self, record: Record, now: float, timeout: float, at_work: set[int]) -> bool:
         """No news for its timeout, and not queued behind its tokenizer's backlog."""
-        # (twice as long each time, from its last news or its last copy: a request that
-        # waited out QUEUE_PATIENCE drew a copy each pass, three in a row)
-        since = now - max(record.progress_at, record.redriven_at)
+        since = now - max(record.progress_at, record.redriven_at)  # (its last copy's too)
         if record.held or since < timeout * 2**record.redrives:
             return False
         queues = self._tok_queues
@@ -576,6 +575,7 @@ class Engine:
 
     def refuse_live(self, message: str) -> None:
         """Fail every request in flight alone, with EngineShutdownError."""
+        self.gave_up = True  # (and refuse what comes after: no error would reach it)
         for record in self.table.live():
             self._fail(Refused(record.rid, "EngineShutdownError", message))
 

@@ -47,9 +47,11 @@ class Stream:
         # last chunk, whose request is no longer live
         self._hold = contextlib.ExitStack()
         self._submitted = trio.Event()  # sent to the engine (or closed before)
-        # work accepted before a drain began (made before it; or an HTTP request's later
-        # prompts): a drain, which refuses new requests, takes it
-        self.accepted = not engine.refusing
+        # work accepted before a drain began (an HTTP request's later prompts): a drain,
+        # which refuses new requests, takes it till it gives up (a stream of the Python
+        # API is a new request when first read: one made before the drain and read
+        # after, taken, held the drain its whole timeout behind a backlog of them)
+        self.accepted = False
 
     def __aiter__(self) -> Stream:
         return self

@@ -61,7 +61,7 @@ class EngineStream:
 
     def __init__(self, engine: Any, prompt: Any, options: dict[str, Any]) -> None:
         self._stream = engine.stream(prompt, **options)  # raises InvalidRequestError
-        self._stream.accepted |= _ACCEPTED.get()
+        self._stream.accepted = _ACCEPTED.get()
         self.rid: str = self._stream.rid
         self.completion_tokens = 0
 
