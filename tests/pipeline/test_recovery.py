@@ -194,7 +194,7 @@ async def test_a_request_queued_behind_a_busy_tokenizer_is_not_sent_again(
         # (~2.4 s of tokenizing: the last ones wait ~5 timeouts)
         waited = await generate_all(engine, 16, options)
     assert waited > 4 * 0.5  # the backlog did outlast the timeout
-    again = [r.getMessage() for r in caplog.records if "sending it again" in r.getMessage()]
+    again = [r.getMessage() for r in caplog.records if "sending them again" in r.getMessage()]
     assert again == []
 
 
