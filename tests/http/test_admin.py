@@ -137,8 +137,10 @@ async def test_server_info_says_where_auto_put_the_engine(default_server: Server
 
 def test_metrics_parse_and_move(default_server: Server) -> None:
     before = metrics(default_server)
-    body = {"text": "And God said", "sampling_params": {"max_new_tokens": 8}}
-    httpx.post(f"{default_server.url}/generate", json=body, timeout=60).raise_for_status()
+    # (ignore_eos: a sampled end after 4 tokens made 3 gaps, not 7)
+    body = {"text": "And God said", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
+    reply = httpx.post(f"{default_server.url}/generate", json=body, timeout=60)
+    assert reply.raise_for_status().json()["meta_info"]["completion_tokens"] == 8
     after = metrics(default_server)
     for name in (
         "rt_time_to_first_token_seconds_count{}",
