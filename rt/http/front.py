@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from rt import errors
 from rt.actors import ActorState
+from rt.actors.status import ActorStatus, killed
 from rt.gpu.model_dir import read_model_dir
 from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta
@@ -324,6 +325,9 @@ class Front:
                 )
                 or "the supervisor is not running"
             )
+        exiting = [a.name for a in status.every_actor() if _exiting(a)]
+        if exiting:  # killed, its exit not seen yet (see rt.actors.status.killed)
+            return "; ".join(f"{name} is exiting" for name in exiting)
         silent = status.silent()
         if silent:
             return "; ".join(
@@ -332,6 +336,11 @@ class Front:
                 for a in silent
             )
         return None
+
+
+def _exiting(actor: ActorStatus) -> bool:
+    running = actor.state is ActorState.RUNNING
+    return running and actor.pid is not None and killed(actor.pid)
 
 
 def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTTPError:
