@@ -23,7 +23,7 @@ from rt.http.front import Front, http_error
 from rt.http.generation import Job, run
 from rt.http.metrics import CONTENT_TYPE
 from rt.http.openai_api import served_name
-from rt.http.schemas import AbortRequest, parse
+from rt.http.schemas import AbortRequest, PauseRequest, parse
 
 PAUSED = "generation is paused (POST /continue_generation resumes it)"
 
@@ -84,8 +84,14 @@ async def server_info(front: Front, ex: Exchange) -> None:
     settings = dataclasses.asdict(front.settings)
     settings["api_key"] = "<set>" if settings["api_key"] else None
     stats = front.scheduler
+    scheduler = None if stats is None else _struct(stats)
     await ex.json(
         {
+            # SGLang's keys, as its clients read them: the server's arguments at the
+            # top (model_path, …), and the scheduler's state under internal_states
+            # (sglang.bench_serving reads internal_states[0] after its run)
+            **config,
+            "internal_states": [scheduler or {}],
             "version": rt.__version__,
             "model": {
                 "id": served_name(front),
@@ -100,7 +106,7 @@ async def server_info(front: Front, ex: Exchange) -> None:
             "paused": front.engine.paused,
             "stopping": front.stopping,
             "requests_in_flight": len(front.in_flight),
-            "scheduler": None if stats is None else _struct(stats),
+            "scheduler": scheduler,
             "actors": [
                 {
                     "name": a.name,
@@ -196,14 +202,20 @@ async def flush_cache(front: Front, ex: Exchange) -> None:
     await ex.json({"status": "ok"})
 
 
-async def pause_generation(front: Front, ex: Exchange) -> None:
+async def pause_generation(front: Front, ex: Exchange, body: bytes) -> None:
+    """SGLang's: no body (or mode ``abort``) aborts what is in flight as well
+    (RL trainers pause, flush, load weights, continue)."""
+    req = parse(PauseRequest, body) if body.strip() else PauseRequest()
     if front.stopping:  # the drain resumed generation so that what is in flight can finish
         raise HTTPError(503, "the server is shutting down: generation cannot be paused now")
     try:
         await front.engine.pause_generation()
     except errors.RtError as err:
         raise http_error(err) from err
-    await ex.json({"status": "ok", "paused": True})
+    answer: dict[str, Any] = {"status": "ok", "paused": True, "mode": req.mode}
+    if req.mode == "abort":  # (paused first: nothing new starts in between)
+        answer["aborted"] = front.abort_all()
+    await ex.json(answer)
 
 
 async def continue_generation(front: Front, ex: Exchange) -> None:

@@ -37,6 +37,7 @@ from rt.http.send_watch import SendWatch
 log = logging.getLogger(__name__)
 Handler = Callable[..., Awaitable[None]]
 MODELS_PREFIX = "/v1/models/"
+CONTROL_BODY_LIMIT = 64 << 10  # a control's body ({"mode": "abort"}): nothing near a prompt's
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,14 @@ class Route:
     handler: Handler
     summary: str
     body: bool = False  # POST: the handler gets the body's bytes
+    limit: int | None = None  # a body's limit, if under --max-body-size
     open: bool = False  # served without the API key
     safe: bool = True  # a GET that changes nothing: HEAD serves it too (RFC 9110)
 
 
 ROUTES: dict[tuple[str, str], Route] = {
     ("POST", "/generate"): Route(native.generate, "Generate (SGLang's native API)", body=True),
+    ("PUT", "/generate"): Route(native.generate, "Alias of POST /generate (SGLang)", body=True),
     ("POST", "/v1/completions"): Route(openai_api.completions, "OpenAI completions", body=True),
     ("POST", "/v1/chat/completions"): Route(
         openai_api.chat_completions, "OpenAI chat completions", body=True
@@ -57,6 +60,10 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/v1/models"): Route(openai_api.models, "The served model"),
     ("POST", "/tokenize"): Route(tokenize.tokenize, "Text to token ids", body=True),
     ("POST", "/detokenize"): Route(tokenize.detokenize, "Token ids to text", body=True),
+    ("POST", "/v1/tokenize"): Route(tokenize.tokenize, "Alias of /tokenize (SGLang)", body=True),
+    ("POST", "/v1/detokenize"): Route(
+        tokenize.detokenize, "Alias of /detokenize (SGLang)", body=True
+    ),
     ("GET", "/health"): Route(
         admin.health, "200 when every actor runs, generation not paused; 503 and why", open=True
     ),
@@ -74,7 +81,12 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/flush_cache"): Route(
         admin.flush_cache, "Flush the prefix cache (SGLang's GET)", safe=False
     ),
-    ("POST", "/pause_generation"): Route(admin.pause_generation, "Pause scheduling"),
+    ("POST", "/pause_generation"): Route(
+        admin.pause_generation,
+        "Pause scheduling; mode abort (the default) aborts what is in flight",
+        body=True,
+        limit=CONTROL_BODY_LIMIT,
+    ),
     ("POST", "/continue_generation"): Route(admin.continue_generation, "Resume scheduling"),
 }
 
@@ -156,7 +168,10 @@ class App:
             self._check_key(ex.scope)
         args: tuple[bytes, ...] = ()
         if route.body:
-            args = (await ex.read_body(self.front.settings.max_body_size),)
+            if route.limit is None:
+                args = (await ex.read_body(self.front.settings.max_body_size),)
+            else:
+                args = (await ex.read_body(route.limit, f"{ex.path} takes a small JSON object"),)
         else:
             await ex.discard_body()
             if not ex.body_read:  # refused before it acts (hypercorn may hold an answer to it)

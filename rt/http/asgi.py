@@ -120,14 +120,14 @@ class Exchange:
         self.status = 0  # its status (0: none was sent)
         self.disconnected = False
 
-    async def read_body(self, limit: int) -> bytes:
-        """The whole body; 413 past ``limit`` bytes, 408 when it has not all
-        arrived ``body_timeout`` seconds after its reading began (a client that
-        sends headers and then nothing would hold its connection for ever)."""
+    async def read_body(self, limit: int, why: str = "--max-body-size") -> bytes:
+        """The whole body; 413 past ``limit`` bytes (``why``: the limit's source), 408
+        when it has not all arrived ``body_timeout`` seconds after its reading began
+        (a client that sends headers and then nothing would hold its connection for ever)."""
         if self._body_deadline is None:
             self._body_deadline = trio.current_time() + self._body_timeout
         with trio.move_on_at(self._body_deadline):
-            return await self._read_body(limit)
+            return await self._read_body(limit, why)
         self._body_done = True  # what is left is never read: the connection closes
         raise HTTPError(
             408,
@@ -135,7 +135,7 @@ class Exchange:
             code="request_timeout",
         )
 
-    async def _read_body(self, limit: int) -> bytes:
+    async def _read_body(self, limit: int, why: str) -> bytes:
         coding = self.headers.get("content-encoding", "identity").strip().lower()
         if coding != "identity":  # the JSON parser would say it is no JSON: say why
             raise HTTPError(
@@ -152,7 +152,7 @@ class Exchange:
             raise HTTPError(
                 413,
                 f"the request body has {declared} bytes; this server accepts at most "
-                f"{limit} (--max-body-size)",
+                f"{limit} ({why})",
                 code="body_too_large",
             )
         chunks: list[bytes] = []
@@ -174,7 +174,7 @@ class Exchange:
             raise HTTPError(
                 413,
                 f"the request body has {declared or f'more than {size}'} bytes; "
-                f"this server accepts at most {limit} (--max-body-size)",
+                f"this server accepts at most {limit} ({why})",
                 code="body_too_large",
             )
         return b"".join(chunks)

@@ -49,9 +49,9 @@ def document(routes: dict[tuple[str, str], str]) -> dict[str, Any]:
             },
         }
         body = BODIES.get(path)
-        if body is not None and method == "POST":
+        if body is not None and method in ("POST", "PUT"):
             op["requestBody"] = {
-                "required": True,
+                "required": path != "/pause_generation",
                 "content": {"application/json": {"schema": refs[(body, "validation")]}},
             }
         paths.setdefault(path, {})[method.lower()] = op

@@ -240,6 +240,16 @@ class AbortRequest(BaseModel):
     abort_all: bool | None = None
 
 
+class PauseRequest(BaseModel):
+    """``POST /pause_generation``, as SGLang's: ``abort`` (its default) aborts every
+    request in flight as it pauses; ``in_place`` holds them, their KV kept, until
+    ``/continue_generation``; ``retract`` (SGLang's frees their KV, to recompute it)
+    holds them as ``in_place`` does."""
+
+    model_config = STRICT
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
 class WsFrame(BaseModel):
     """A WebSocket frame from the client: ``generate`` (with /generate's body,
     one prompt) or ``cancel``."""
@@ -283,6 +293,9 @@ BODIES: dict[str, type[BaseModel]] = {
     "/abort_request": AbortRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
+    "/v1/tokenize": TokenizeRequest,
+    "/v1/detokenize": DetokenizeRequest,
+    "/pause_generation": PauseRequest,  # (optional: none is mode abort)
 }
 M = TypeVar("M", bound=BaseModel)
 MAX_ITEMS = 1 << 16  # a list of texts, lists or objects (a batch, messages), at most
@@ -386,6 +399,9 @@ FOREIGN_DEFAULTS: dict[str, Any] = {
     "logprob_start_len": -1,  # SGLang's, in the OpenAI bodies
     "log_metrics": True,  # SGLang's /generate default
     "bad_words": [],  # vLLM's default
+    "stop_regex": [],  # what sgl.gen sends (SGLang's RuntimeEndpoint)
+    "separate_reasoning": True,  # SGLang's chat defaults: rt parses no reasoning out,
+    "stream_reasoning": True,  # and these ask for nothing of a model that writes none
 }
 _IGNORED_NAMES_LOGGED = 256  # a bound on the names logged (a client may send many)
 _ignored_logged: set[str] = set()

@@ -118,6 +118,12 @@ def test_server_info(default_server: Server) -> None:
         assert actor["state"] == "running"
         assert actor["pid"] > 0
         assert set(actor) >= {"name", "pid", "state", "restart_count", "last_exit_reason"}
+    # SGLang's shape beside rt's: its server arguments at the top, and internal_states
+    # (its bench reads internal_states[0] after a run: a KeyError ended it before)
+    sglang = httpx.get(f"{default_server.url}/get_server_info", timeout=30).json()
+    assert sglang["model_path"] == info["config"]["model_path"]
+    assert sglang["max_running_requests"] == info["config"]["max_running_requests"]
+    assert isinstance(sglang["internal_states"][0], dict)
 
 
 async def test_server_info_says_where_auto_put_the_engine(default_server: Server) -> None:
@@ -261,7 +267,7 @@ async def test_pause_holds_streams_and_continue_resumes_them(default_server: Ser
         with trio.fail_after(30):
             while not events:
                 await trio.sleep(0.01)
-        paused = await client.post("/pause_generation")
+        paused = await client.post("/pause_generation", json={"mode": "in_place"})
         assert paused.status_code == 200 and paused.json()["paused"] is True
         await trio.sleep(0.3)  # the step running as the pause came may still land
         held = len(events)
@@ -283,6 +289,60 @@ async def test_pause_holds_streams_and_continue_resumes_them(default_server: Ser
     assert events[-1]["output_ids"] == want["output_ids"]
     assert all(e["stepped_at"] > 0 for e in events)  # when the scheduler made each delta
     assert default_server.info()["scheduler"]["paused"] is False
+
+
+async def test_a_pause_as_sglangs_default_aborts_what_is_in_flight(default_server: Server) -> None:
+    """An RL trainer's pause, flush, continue: SGLang's pause with no body (mode
+    abort) ends what is in flight (finish_reason abort), so the flush after it
+    works; a request sent while paused waits, and is served after the continue. A
+    bad mode is a 400 that names the ones there are."""
+    body = {"text": "In the beginning", "stream": True}
+    body["sampling_params"] = {"max_new_tokens": 400, "ignore_eos": True}
+    events: list[dict] = []
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
+        bad = await client.post("/pause_generation", json={"mode": "stop"})
+        assert bad.status_code == 400 and "'abort', 'retract' or 'in_place'" in bad.text, bad.text
+
+        async def read() -> None:
+            async with client.stream("POST", "/generate", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+
+        later: list[httpx.Response] = []
+        short = {"text": "x", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            with trio.fail_after(30):
+                while not events:
+                    await trio.sleep(0.01)
+            paused = await client.post("/pause_generation")
+            try:
+                assert paused.json() == {
+                    "status": "ok",
+                    "paused": True,
+                    "mode": "abort",
+                    "aborted": 1,
+                }
+                with trio.fail_after(30):
+                    while events[-1]["meta_info"]["finish_reason"] is None:
+                        await trio.sleep(0.01)
+                assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort", events[-1]
+                assert len(events[-1]["output_ids"]) < 400
+                flushed = await client.post("/flush_cache")
+                assert flushed.status_code == 200, flushed.text  # nothing holds KV
+                nursery.start_soon(_append, later, client.post("/generate", json=short))
+                await trio.sleep(0.5)
+                assert not later  # held by the pause
+            finally:
+                assert (await client.post("/continue_generation")).status_code == 200
+        assert (
+            later[0].status_code == 200 and later[0].json()["meta_info"]["completion_tokens"] == 2
+        )
+
+
+async def _append(into: list[Any], answer: Any) -> None:
+    into.append(await answer)
 
 
 async def test_flush_cache_only_when_idle(default_server: Server) -> None:
@@ -440,7 +500,8 @@ async def test_a_request_aborted_while_paused_counts_its_prompt(default_server: 
         async def ask() -> None:
             answers.append(await client.post("/v1/completions", json=body))
 
-        assert (await client.post("/pause_generation")).status_code == 200
+        pause = await client.post("/pause_generation", json={"mode": "in_place"})
+        assert pause.status_code == 200
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(ask)

@@ -212,7 +212,7 @@ def test_a_big_body_to_an_endpoint_that_takes_none_is_413_and_not_acted_on(
         while chunk := sock.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
-    assert b"/pause_generation takes no request body" in answer
+    assert b"at most 65536 (/pause_generation takes a small JSON object)" in answer
     body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
     response = httpx.post(f"{server.url}/generate", json=body, headers=AUTH, timeout=30)
     assert response.status_code == 200  # not paused

@@ -200,6 +200,7 @@ def test_what_sglangs_clients_send_is_served(default_server: Server) -> None:
     then), a whole float for an integer: each was a 400. A field that asks for
     something rt lacks still is one."""
     params = {"max_new_tokens": 3.0, "temperature": 0, "regex": None, "json_schema": None}
+    params["stop_regex"] = []  # (sgl.gen sends it; each call through RuntimeEndpoint was a 400)
     body = {
         "text": "And God said",
         "sampling_params": params,
@@ -213,6 +214,8 @@ def test_what_sglangs_clients_send_is_served(default_server: Server) -> None:
     }
     out = generate(default_server, body)
     assert len(out["output_ids"]) == 3 and "input_token_logprobs" not in out["meta_info"]
+    put = httpx.put(f"{default_server.url}/generate", json=body, timeout=60)  # SGLang takes PUT
+    assert put.status_code == 200 and put.json()["output_ids"] == out["output_ids"]
     for extra, field in (
         ({"lora_path": "adapter"}, "lora_path: unknown field"),
         ({"sampling_params": {**params, "regex": "a+"}}, "sampling_params.regex: unknown field"),

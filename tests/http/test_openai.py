@@ -514,7 +514,16 @@ def test_what_vllm_and_sglang_clients_send_and_ignore_is_served(client: openai.O
     out = client.completions.create(**kwargs, extra_body=body)
     assert out.usage is not None and out.usage.completion_tokens == 3
     chat = client.chat.completions.create(
-        model="default", messages=MESSAGES, max_tokens=2, extra_body={"echo": False, "regex": None}
+        model="default",
+        messages=MESSAGES,
+        max_tokens=2,
+        # (SGLang's reasoning defaults, in its docs' extra_body: each was a 400)
+        extra_body={
+            "echo": False,
+            "regex": None,
+            "separate_reasoning": True,
+            "stream_reasoning": True,
+        },
     )
     assert chat.usage is not None and chat.usage.completion_tokens <= 2
     # ({} asks for something too: vLLM's guided_json {} constrains the answer to JSON)

@@ -48,6 +48,9 @@ def test_tokenize_gives_the_engines_ids_and_detokenize_inverts_it(default_server
     assert with_bos["prompt"] == "<|bos|>" + text  # special tokens are kept (vLLM's way)
     skip = {"tokens": out["tokens"], "skip_special_tokens": True}  # SGLang's option
     assert post(default_server, "/detokenize", skip).json()["text"] == text
+    # SGLang's /v1/ paths (its documented ones) are the same endpoints
+    assert post(default_server, "/v1/tokenize", {"prompt": text}).json() == out
+    assert post(default_server, "/v1/detokenize", {"tokens": bare["tokens"]}).json() == back
 
 
 def test_a_list_of_texts_gives_a_list(default_server: Server) -> None:

@@ -502,7 +502,8 @@ async def test_a_cancel_while_paused_counts_its_prompt(default_server: Server, h
     body: dict[str, Any] = {"type": "generate", "text": "And God said unto Moses", "rid": how}
     body["sampling_params"] = {"max_new_tokens": 20, "n": 2}
     async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
-        assert (await client.post("/pause_generation")).status_code == 200
+        pause = await client.post("/pause_generation", json={"mode": "in_place"})
+        assert pause.status_code == 200
         try:
             async with open_websocket_url(f"ws://127.0.0.1:{default_server.port}/ws") as ws:
                 await ws.send_message(json.dumps({"id": "p", **body}))
