@@ -82,7 +82,8 @@ def done_came(answer: bytes) -> bool:
 
 
 def generate_frame(text: str) -> bytes:
-    body = {"id": "g", "type": "generate", "text": text, "sampling_params": {"max_new_tokens": 2}}
+    params = {"max_new_tokens": 2, "ignore_eos": True}  # (2 tokens, not a sampled end at 1)
+    body = {"id": "g", "type": "generate", "text": text, "sampling_params": params}
     return client_frame(json.dumps(body).encode())
 
 

@@ -94,9 +94,8 @@ async def restart_while_out_of_fds(server: Server) -> None:
             while (await health(client))[0] != 200:
                 await trio.sleep(0.3)
         back_after = time.monotonic() - start
-        r = await client.post(
-            "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 3}}
-        )
+        params = {"max_new_tokens": 3, "ignore_eos": True}
+        r = await client.post("/generate", json={"text": "Hi", "sampling_params": params})
         assert r.status_code == 200, r.text
         assert r.json()["meta_info"]["completion_tokens"] == 3
     actors = {a["name"]: a for a in server.info()["actors"]}

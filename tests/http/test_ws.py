@@ -182,7 +182,7 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
                     "id": "after",
                     "type": "generate",
                     "text": "In the",
-                    "sampling_params": {"max_new_tokens": 2},
+                    "sampling_params": {"max_new_tokens": 2, "ignore_eos": True},
                 }
             )
         )
@@ -229,7 +229,8 @@ async def test_frames_sent_before_the_handshake_is_answered_close_that_connectio
     await trio.sleep(0.5)  # the server would have stopped by now
     assert default_server.proc.poll() is None
     async with connect(default_server.url) as client:  # and it serves a WebSocket
-        reply = await client.generate("In the", sampling_params={"max_new_tokens": 2})
+        params = {"max_new_tokens": 2, "ignore_eos": True}
+        reply = await client.generate("In the", sampling_params=params)
         assert reply["meta_info"]["completion_tokens"] == 2
     assert any("a connection failed in hypercorn" in line for line in default_server.log)
     # the app's handshake answer, which hypercorn refused, is no traceback in the log
@@ -272,7 +273,7 @@ async def test_frames_that_used_to_close_the_connection_get_error_frames_or_answ
                 "text": "In the",
                 "return_logprob": True,
                 "return_text_in_logprobs": True,
-                "sampling_params": {"max_new_tokens": 3},
+                "sampling_params": {"max_new_tokens": 3, "ignore_eos": True},
             }
             await ws.send_message(json.dumps(text_lp))
             # 60,000 characters, 120,000 bytes: over the limit (it was counted in characters)
@@ -432,7 +433,8 @@ async def test_an_id_or_rid_reused_right_after_its_cancel_is_served(default_serv
             first = {"id": "a", "type": "generate", "rid": "mine", "text": "In the beginning"}
             await ws.send_message(json.dumps({**first, "sampling_params": long}))
             assert (await receive(ws))["type"] == "delta"
-            second = {**first, "id": again, "sampling_params": {"max_new_tokens": 2}}
+            short = {"max_new_tokens": 2, "ignore_eos": True}  # (it ends at its length)
+            second = {**first, "id": again, "sampling_params": short}
             await ws.send_message(json.dumps({"id": "a", "type": "cancel"}))
             await ws.send_message(json.dumps(second))
             frames = []

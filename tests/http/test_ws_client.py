@@ -44,7 +44,8 @@ async def test_a_frozen_server_fails_the_calls_on_its_connection_as_broken(tmp_p
 async def test_a_live_server_answers_the_pings(default_server: Server) -> None:
     async with connect(default_server.url, ping_interval=0.05, ping_timeout=5.0) as client:
         await trio.sleep(0.5)  # ten pings, each answered
-        out = await client.generate("still here", sampling_params={"max_new_tokens": 3})
+        params = {"max_new_tokens": 3, "ignore_eos": True}
+        out = await client.generate("still here", sampling_params=params)
         assert len(out["output_ids"]) == 3
 
 

@@ -23,7 +23,7 @@ async def reusable(engine: rt.Engine, rid: str) -> None:
     """The rid is free again (it was "already in flight" for good before), and
     nothing is left in the table or the scheduler."""
     with trio.fail_after(30):
-        out = await engine.generate("again", rid=rid, max_new_tokens=2)
+        out = await engine.generate("again", rid=rid, max_new_tokens=2, ignore_eos=True)
     assert len(out.output_ids) == 2
     assert not engine.table.records
     stats = await engine.scheduler_stats(lambda s: s.running == 0 and s.waiting == 0)
@@ -182,7 +182,7 @@ async def test_a_caller_in_another_trio_run_is_refused_and_the_engine_goes_on(
                 said = await in_another_run(use)
                 assert "this engine lives in another trio run" in said, said
         with trio.fail_after(30):
-            out = await engine.generate("hi", max_new_tokens=2)
+            out = await engine.generate("hi", max_new_tokens=2, ignore_eos=True)
             await engine.pause_generation()
             await engine.continue_generation()
         assert len(out.output_ids) == 2
