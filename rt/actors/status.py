@@ -60,8 +60,10 @@ def killed(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             text = f.read()
-    except OSError:  # reaped
+    except (FileNotFoundError, ProcessLookupError):  # reaped
         return True
+    except OSError:  # unknown (out of fds, say): not a reason to call it down
+        return False
     fields = dict(line.split(b":", 1) for line in text.splitlines() if b":" in line)
     if fields.get(b"State", b"").strip()[:1] in (b"Z", b"X"):
         return True

@@ -188,8 +188,8 @@ class Engine:
     # ---- the operator's controls ----------------------------------------------------
 
     async def flush_cache(self) -> bool:
-        """Drop every cached prefix. Returns False, having done nothing, while any
-        request is in the scheduler (as SGLang's ``/flush_cache``)."""
+        """Drop every cached prefix. Returns False, having done nothing, while a request
+        holds KV (as SGLang's ``/flush_cache``; one waiting to start holds none)."""
         return await self._control("flush_cache")
 
     async def pause_generation(self) -> None:

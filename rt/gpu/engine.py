@@ -207,6 +207,11 @@ class EngineCore:
         )
 
     @property
+    def holds_kv(self) -> bool:
+        """A request holds KV (a table row: admitted, not finished nor retracted)."""
+        return any(req.row >= 0 for reqs in self.reqs.values() for req in reqs)
+
+    @property
     def has_pending(self) -> bool:
         """A step's tokens are drawn but not reported yet (overlap scheduling): the
         next ``step()`` or ``apply_commands()`` reports them."""

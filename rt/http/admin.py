@@ -91,6 +91,11 @@ async def server_info(front: Front, ex: Exchange) -> None:
             # top (model_path, …), and the scheduler's state under internal_states
             # (sglang.bench_serving reads internal_states[0] after its run)
             **config,
+            "model_path": options.resolved_model_path(),  # (not None for the default model)
+            "tokenizer_path": options.resolved_tokenizer_path(),
+            "context_length": front.context_length,
+            "tp_size": 1,
+            "dp_size": 1,
             "internal_states": [scheduler or {}],
             "version": rt.__version__,
             "model": {
@@ -212,9 +217,11 @@ async def pause_generation(front: Front, ex: Exchange, body: bytes) -> None:
         await front.engine.pause_generation()
     except errors.RtError as err:
         raise http_error(err) from err
+    if front.stopping:  # a drain began while the pause waited (for a restart): it won
+        raise HTTPError(503, "the server is shutting down: generation was not paused")
     answer: dict[str, Any] = {"status": "ok", "paused": True, "mode": req.mode}
     if req.mode == "abort":  # (paused first: nothing new starts in between)
-        answer["aborted"] = front.abort_all()
+        answer["aborted"] = front.abort_all("pause_generation")
     await ex.json(answer)
 
 

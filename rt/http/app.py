@@ -168,8 +168,9 @@ class App:
             self._check_key(ex.scope)
         args: tuple[bytes, ...] = ()
         if route.body:
-            if route.limit is None:
-                args = (await ex.read_body(self.front.settings.max_body_size),)
+            most = self.front.settings.max_body_size
+            if route.limit is None or route.limit >= most:
+                args = (await ex.read_body(most),)
             else:
                 args = (await ex.read_body(route.limit, f"{ex.path} takes a small JSON object"),)
         else:

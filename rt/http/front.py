@@ -91,7 +91,7 @@ class Waiting:
     """A prompt of a request, not started yet (see Front.pending)."""
 
     batch: str | None
-    aborted: bool = False
+    aborted: str | None = None  # the cause, once aborted
 
 
 class Turns:
@@ -101,11 +101,11 @@ class Turns:
         self._front = front
         self.waiting: dict[str, Waiting] = {}
 
-    def started(self, rid: str) -> bool:
-        """Prompt ``rid`` starts (it is no longer pending); whether it was aborted."""
+    def started(self, rid: str) -> str | None:
+        """Prompt ``rid`` starts (it is no longer pending); the cause, if it was aborted."""
         waiting = self.waiting.get(rid)
         if waiting is None or self._front._pending.get(rid) is not waiting:
-            return False
+            return None
         del self._front._pending[rid]
         return waiting.aborted
 
@@ -271,15 +271,20 @@ class Front:
         for each in found:
             each.abort("abort_request")
         for one in waiting:  # (ended as they start)
-            one.aborted = True
+            one.aborted = one.aborted or "abort_request"
         return len(found) + len(waiting)
 
-    def abort_all(self) -> int:
+    def abort_all(self, cause: str = "abort_request") -> int:
+        """Abort every request in flight: the HTTP ones, their prompts still waiting
+        for their turn, and those of the engine's other callers (the Python API's,
+        on a server made by ``rt.http.serve(engine)``). Returns how many."""
         for tracked in list(self.in_flight.values()):
-            tracked.abort("abort_request")
+            tracked.abort(cause)
         for waiting in self._pending.values():
-            waiting.aborted = True
-        return len(self.in_flight) + len(self._pending)
+            waiting.aborted = waiting.aborted or cause
+        others = {r.user_rid for r in self.engine.table.live()} - self.in_flight.keys()
+        aborted = sum(self.engine.abort(rid) for rid in others)
+        return len(self.in_flight) + len(self._pending) + aborted
 
     # ---- the engine's state ---------------------------------------------------------
 

@@ -206,8 +206,8 @@ async def _run_one(
     try:
         aborted = turns.started(job.rid)  # (aborted while it waited for its turn)
         with front.track(job.rid, job.batch) as tracked:
-            if aborted:
-                tracked.abort("abort_request")
+            if aborted is not None:
+                tracked.abort(aborted)
             stream = tracked.stream = EngineStream(front.engine, job.prompt, job.options)
             admission.watch(stream, _samples(job))
             watching = trio.CancelScope()

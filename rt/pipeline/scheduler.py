@@ -265,12 +265,14 @@ class SchedulerActor(Actor):
             elif msg.op == "continue":
                 self.paused = False
             elif msg.op == "flush_cache":
-                # as SGLang's: only with no request in the scheduler (their KV is in the tree);
-                # finishes and aborts that came before it are applied first
+                # as SGLang's: only with no request holding KV (theirs is in the tree); one
+                # that waits, not admitted yet (sent while paused, as an RL trainer's
+                # pause, flush, continue may find), holds none; finishes and aborts that
+                # came before it are applied first
                 if self.engine.has_commands:
                     out = self.engine.apply_commands()
                     await send(ctx.outbox[OUT], self._frame(out, self._stats()))
-                ok = not (self.engine.reqs or self.engine.has_work or self.incoming)
+                ok = not (self.engine.holds_kv or self.engine.has_pending)
                 if ok:
                     freed = self.engine.flush_cache()
                     log.info("flushed the prefix cache (%d tokens)", freed)

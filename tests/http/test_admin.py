@@ -121,7 +121,8 @@ def test_server_info(default_server: Server) -> None:
     # SGLang's shape beside rt's: its server arguments at the top, and internal_states
     # (its bench reads internal_states[0] after a run: a KeyError ended it before)
     sglang = httpx.get(f"{default_server.url}/get_server_info", timeout=30).json()
-    assert sglang["model_path"] == info["config"]["model_path"]
+    assert sglang["model_path"] == sglang["tokenizer_path"] == info["model"]["path"]  # resolved
+    assert sglang["context_length"] == 512 and sglang["tp_size"] == 1
     assert sglang["max_running_requests"] == info["config"]["max_running_requests"]
     assert isinstance(sglang["internal_states"][0], dict)
 
@@ -293,9 +294,9 @@ async def test_pause_holds_streams_and_continue_resumes_them(default_server: Ser
 
 async def test_a_pause_as_sglangs_default_aborts_what_is_in_flight(default_server: Server) -> None:
     """An RL trainer's pause, flush, continue: SGLang's pause with no body (mode
-    abort) ends what is in flight (finish_reason abort), so the flush after it
-    works; a request sent while paused waits, and is served after the continue. A
-    bad mode is a 400 that names the ones there are."""
+    abort) ends what is in flight (finish_reason abort), and a request sent while
+    paused waits without KV, so the flush works; that request is served after the
+    continue. A bad mode is a 400 that names the ones there are."""
     body = {"text": "In the beginning", "stream": True}
     body["sampling_params"] = {"max_new_tokens": 400, "ignore_eos": True}
     events: list[dict] = []
@@ -329,10 +330,14 @@ async def test_a_pause_as_sglangs_default_aborts_what_is_in_flight(default_serve
                         await trio.sleep(0.01)
                 assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort", events[-1]
                 assert len(events[-1]["output_ids"]) < 400
-                flushed = await client.post("/flush_cache")
-                assert flushed.status_code == 200, flushed.text  # nothing holds KV
+                # one sent while paused waits in the scheduler, holding no KV: the
+                # flush goes on (it was refused: "requests are running")
                 nursery.start_soon(_append, later, client.post("/generate", json=short))
-                await trio.sleep(0.5)
+                with trio.fail_after(30):
+                    while not (default_server.info()["scheduler"] or {}).get("waiting"):
+                        await trio.sleep(0.02)
+                flushed = await client.post("/flush_cache")
+                assert flushed.status_code == 200, flushed.text
                 assert not later  # held by the pause
             finally:
                 assert (await client.post("/continue_generation")).status_code == 200

@@ -1,0 +1,91 @@
+"""``/pause_generation``'s mode abort (SGLang's default) against what else holds the
+engine: the Python API's requests on a served engine, and a drain that begins
+while the pause waits for a restarted scheduler."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from serverlib import SLOW_STEPS, start_server, write_plan
+
+import rt
+from rt import errors
+from rt.http import Settings, serve
+
+
+async def test_a_pause_aborts_the_python_apis_requests_on_a_served_engine() -> None:
+    """Only the HTTP front's were aborted: a Python caller's request sharing the
+    engine was held through the pause and went on after it."""
+    async with rt.open_engine(torch_threads=1) as engine, trio.open_nursery() as nursery:
+        url = await nursery.start(serve, engine, Settings(port=0))
+        raised: list[BaseException] = []
+        started = trio.Event()
+
+        async def python_caller() -> None:
+            try:
+                async for _ in engine.stream(
+                    "In the beginning", max_new_tokens=400, ignore_eos=True
+                ):
+                    started.set()
+            except errors.RequestAborted as err:
+                raised.append(err)
+
+        nursery.start_soon(python_caller)
+        with trio.fail_after(60):
+            await started.wait()
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            paused = await client.post("/pause_generation")
+            assert paused.json() == {"status": "ok", "paused": True, "mode": "abort", "aborted": 1}
+            with trio.fail_after(30):
+                while not raised:
+                    await trio.sleep(0.02)
+            assert (await client.post("/continue_generation")).status_code == 200
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_drain_that_begins_while_a_pause_waits_is_not_undone_by_it(
+    tmp_path: Path,
+) -> None:
+    """SIGINT while a pause waited for the restarted scheduler: the drain resumed
+    generation to finish what was in flight, then the pause came back and aborted it
+    all (200, "aborted": 3). Now the pause is a 503 and the requests finish."""
+    plan = write_plan(tmp_path / "slow.json", SLOW_STEPS)
+    server = start_server("--load-format=null", f"--fault-plan={plan}", "--drain-timeout=60")
+    answers: dict[str, Any] = {}
+    try:
+        limits = httpx.Limits(max_connections=20, max_keepalive_connections=20)
+        async with httpx.AsyncClient(base_url=server.url, timeout=90, limits=limits) as client:
+            for _ in range(5):  # (connections open before the drain closes the listener)
+                await client.get("/health")
+            body = {"text": "x", "sampling_params": {"max_new_tokens": 150, "ignore_eos": True}}
+
+            async def generate(i: int) -> None:
+                answers[f"gen{i}"] = await client.post("/generate", json=body)
+
+            async def pause() -> None:
+                answers["pause"] = await client.post("/pause_generation")
+
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(generate, i)
+                with trio.fail_after(30):
+                    while server.info()["requests_in_flight"] < 3:
+                        await trio.sleep(0.02)
+                os.kill(server.actor_pids()["scheduler"], signal.SIGKILL)
+                await trio.sleep(0.05)
+                nursery.start_soon(pause)
+                await trio.sleep(0.3)  # (the successor is still starting)
+                assert "pause" not in answers
+                server.proc.send_signal(signal.SIGINT)
+    finally:
+        code = server.stop()
+    assert code == 0
+    assert answers["pause"].status_code == 503, answers["pause"].text
+    for i in range(3):
+        meta = answers[f"gen{i}"].json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 150, meta
