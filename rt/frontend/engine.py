@@ -192,12 +192,12 @@ class Engine:
         holds KV (as SGLang's ``/flush_cache``; one waiting to start holds none)."""
         return await self._control("flush_cache")
 
-    async def pause_generation(self) -> None:
-        """Stop running model steps; returns once none runs. Requests in flight keep
-        their KV and wait, new ones are accepted and wait too; cancelling one
-        still frees its KV. A restarted scheduler stays paused."""
+    async def pause_generation(self, retract: bool = False) -> None:
+        """Stop running model steps; returns once none runs. Requests in flight wait,
+        their KV kept (``retract``: given back, computed again after the continue); new
+        ones are accepted and wait too; a cancel still frees KV. A restart stays paused."""
         self._paused = True
-        await self._control("pause")
+        await self._control("retract" if retract else "pause")
 
     async def continue_generation(self) -> None:
         """Resume after :meth:`pause_generation` (a no-op when not paused)."""
@@ -220,8 +220,8 @@ class Engine:
             if self._closing:
                 raise errors.EngineShutdownError("the engine is shut down")
             seq, epoch = next(self._control_seq), self._epoch
-            if op in ("pause", "continue"):
-                op = "pause" if self._paused else "continue"
+            if op in ("pause", "retract", "continue"):
+                op = ("continue", op if op != "continue" else "pause")[self._paused]
             self._queue(self._to_sched, Control(op, seq))
             stats = await self._stats.wait(functools.partial(self._answered, seq, epoch))
             if stats.control >= seq:

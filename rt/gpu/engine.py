@@ -206,6 +206,20 @@ class EngineCore:
             or self._pending
         )
 
+    def retract_all(self) -> int:
+        """Give back the KV of every admitted request, what each computed kept in the
+        prefix cache, and queue them to be admitted again (SGLang's pause mode
+        retract: a flush can then drop it all, and they compute it again after, with
+        the weights then loaded). Returns how many. Call between steps, after
+        ``apply_commands()``."""
+        held = [*self.running, *([self.chunked] if self.chunked is not None else [])]
+        for req in held:
+            self.cache.release(req, cache=True)
+            req.decoding = False
+        self.running, self.chunked = [], None
+        self.waiting[:0] = held  # (first in line again)
+        return len(held)
+
     @property
     def holds_kv(self) -> bool:
         """A request holds KV (a table row: admitted, not finished nor retracted)."""

@@ -214,7 +214,7 @@ async def pause_generation(front: Front, ex: Exchange, body: bytes) -> None:
     if front.stopping:  # the drain resumed generation so that what is in flight can finish
         raise HTTPError(503, "the server is shutting down: generation cannot be paused now")
     try:
-        await front.engine.pause_generation()
+        await front.engine.pause_generation(retract=req.mode == "retract")
     except errors.RtError as err:
         raise http_error(err) from err
     if front.stopping:  # a drain began while the pause waited (for a restart): it won

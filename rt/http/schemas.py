@@ -243,8 +243,8 @@ class AbortRequest(BaseModel):
 class PauseRequest(BaseModel):
     """``POST /pause_generation``, as SGLang's: ``abort`` (its default) aborts every
     request in flight as it pauses; ``in_place`` holds them, their KV kept, until
-    ``/continue_generation``; ``retract`` (SGLang's frees their KV, to recompute it)
-    holds them as ``in_place`` does."""
+    ``/continue_generation``; ``retract`` holds them too, their KV given back (a
+    flush can drop it all; they compute it again after the continue)."""
 
     model_config = STRICT
     mode: Literal["abort", "retract", "in_place"] = "abort"

@@ -262,6 +262,11 @@ class SchedulerActor(Actor):
             ok = True
             if msg.op == "pause":
                 self.paused = True
+            elif msg.op == "retract":
+                self.paused = True
+                out = self.engine.apply_commands()  # (the last step's tokens reported first)
+                await send(ctx.outbox[OUT], self._frame(out, self._stats()))
+                log.info("paused: retracted %d request(s)", self.engine.retract_all())
             elif msg.op == "continue":
                 self.paused = False
             elif msg.op == "flush_cache":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpu_testlib import make_engine, prompts, run_all
+from gpu_testlib import drain, make_engine, prompts, run_all
 
 from rt.errors import ContextOverflowError
 from rt.gpu import SamplingParams
@@ -54,3 +54,36 @@ def test_request_that_exactly_fits_the_pool_runs_alone(checkpoints: dict[str, Pa
         },
     )
     assert all(len(r["tokens"]) == 15 for r in res.values())
+
+
+@pytest.mark.parametrize("after_steps", [1, 6])
+def test_retract_all_gives_back_every_kv_and_the_requests_end_as_they_would_have(
+    checkpoints: dict[str, Path], after_steps: int
+) -> None:
+    """A retracting pause (SGLang's mode retract): between two steps every admitted
+    request, running or half prefilled (chunked), gives back its KV; a flush then
+    empties the pool, and each computes its KV again and draws the same tokens."""
+    path = checkpoints["mistral"]
+    ps = prompts(4, [40, 25, 14, 30], seed=23)
+    reqs = {
+        f"r{i}": (p, SamplingParams(max_new_tokens=12, ignore_eos=True, seed=i))
+        for i, p in enumerate(ps)
+    }
+    want = run_all(make_engine(path, chunked_prefill_size=32), reqs)
+    engine = make_engine(path, chunked_prefill_size=32)
+    for rid, (ids, params) in reqs.items():
+        engine.add_request(rid, ids, params)
+    results = drain(engine, max_steps=after_steps)
+    assert engine.running or engine.chunked is not None
+    for o in engine.apply_commands().outputs:  # (the last step's draw, with overlap)
+        empty = {"tokens": [], "logprobs": [], "top": [], "final": None}
+        results.setdefault(o.rid, empty)["tokens"].extend(o.token_ids)
+    assert engine.retract_all() > 0
+    assert not engine.holds_kv and not engine.running and engine.chunked is None
+    engine.check_integrity()
+    engine.flush_cache()
+    assert engine.cache.tree.evictable_size == 0
+    drain(engine, results=results)
+    assert not engine.has_work
+    for rid in reqs:
+        assert results[rid]["tokens"] == want[rid]["tokens"], rid

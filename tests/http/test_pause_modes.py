@@ -4,6 +4,7 @@ while the pause waits for a restarted scheduler."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import httpx
 import trio
-from serverlib import SLOW_STEPS, start_server, write_plan
+from serverlib import SLOW_STEPS, Server, start_server, write_plan
 
 import rt
 from rt import errors
@@ -89,3 +90,42 @@ async def test_a_drain_that_begins_while_a_pause_waits_is_not_undone_by_it(
     for i in range(3):
         meta = answers[f"gen{i}"].json()["meta_info"]
         assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 150, meta
+
+
+async def test_a_retracting_pause_gives_back_the_kv_and_the_requests_go_on(
+    default_server: Server,
+) -> None:
+    """SGLang's mode retract was held as in_place: the requests kept their KV, so the
+    flush an RL trainer makes before loading weights was refused. Now their KV is
+    given back, the flush works, and after the continue they compute it again and
+    end as they would have."""
+    body: dict[str, Any] = {"text": "In the beginning", "stream": True}
+    body["sampling_params"] = {"max_new_tokens": 60, "ignore_eos": True, "temperature": 0}
+    url = default_server.url
+    want = httpx.post(f"{url}/generate", json={**body, "stream": False}, timeout=60).json()
+    events: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+        async def read() -> None:
+            async with client.stream("POST", "/generate", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            with trio.fail_after(30):
+                while not events:
+                    await trio.sleep(0.01)
+            paused = await client.post("/pause_generation", json={"mode": "retract"})
+            try:
+                assert paused.json() == {"status": "ok", "paused": True, "mode": "retract"}
+                scheduler = default_server.info()["scheduler"]
+                assert scheduler["request_tokens"] == 0 and scheduler["requests"] == 1, scheduler
+                flushed = await client.post("/flush_cache")
+                assert flushed.status_code == 200, flushed.text
+                assert events[-1]["meta_info"]["finish_reason"] is None  # held, not ended
+            finally:
+                assert (await client.post("/continue_generation")).status_code == 200
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert events[-1]["output_ids"] == want["output_ids"]
