@@ -48,9 +48,9 @@ def test_head_answers_what_get_would_without_the_body(default_server: Server) ->
         assert head.content == b"" and int(head.headers["content-length"]) > 0, path
         assert head.headers["content-type"] == get.headers["content-type"], path
     refused = httpx.head(default_server.url + "/generate", timeout=30)
-    assert refused.status_code == 405 and refused.headers["allow"] == "POST"
+    assert refused.status_code == 405 and refused.headers["allow"] == "POST, PUT"  # (SGLang's)
     assert httpx.get(default_server.url + "/generate", timeout=30).json()["error"]["message"] == (
-        "/generate takes POST, not GET"
+        "/generate takes POST or PUT, not GET"
     )
     assert httpx.post(default_server.url + "/health", timeout=30).headers["allow"] == "GET, HEAD"
     # a HEAD must change nothing: SGLang's GET /flush_cache flushes, its HEAD is refused
@@ -392,7 +392,7 @@ def test_unknown_endpoint_and_method(default_server: Server) -> None:
     assert missing.json()["error"]["type"] == "not_found_error"
     wrong = httpx.get(f"{default_server.url}/generate", timeout=30)
     assert wrong.status_code == 405
-    assert wrong.headers["allow"] == "POST"
+    assert wrong.headers["allow"] == "POST, PUT"
 
 
 def test_openapi_document(default_server: Server) -> None:
