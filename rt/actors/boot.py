@@ -63,7 +63,10 @@ def recv_blocking(sock: socket.socket) -> Any | None:
 def _recv_exact_blocking(sock: socket.socket, n: int) -> bytes | None:
     buf = bytearray()
     while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+        try:
+            chunk = sock.recv(n - len(buf))
+        except ConnectionResetError:  # the peer died with what we sent unread: an end too
+            return None
         if not chunk:
             return None
         buf += chunk
@@ -82,6 +85,10 @@ async def recv(sock: socket.socket) -> Any | None:
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(sock)
                 continue
+            except ConnectionResetError:
+                # the peer died with what we sent unread (a successor killed before it
+                # read its boot message: this escaped the handshake, and rt-serve exited)
+                return None
             if not chunk:
                 return None
             buf += chunk

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +13,7 @@ import trio
 from sample_actors import FailingStartup, Idle
 
 from rt.actors import ActorSpec, RingDecl, SupervisorSpec, open_supervisor, process
+from rt.actors import boot as wire
 from rt.actors.boot import ChildBoot
 from rt.actors.child import describe_error
 from rt.actors.heartbeat import HeartbeatTable
@@ -136,3 +139,49 @@ def test_a_process_not_made_is_retried_uncounted_only_for_want_of_fds_or_process
     err = process._cannot_start("tokenizer0", OSError(code, os.strerror(code)))
     assert err.transient is transient
     assert str(err).endswith("; trying again") is transient
+
+
+async def test_a_child_killed_before_it_read_its_boot_is_a_startup_error(
+    heartbeats: HeartbeatTable,
+) -> None:
+    """Killed before it read what it was sent (an actor's successor, by kill -9 or
+    the OOM killer in its first 0.1 s), its socket reset: that ConnectionResetError
+    escaped the handshake, and rt-serve exited 1. It is a start-up failure."""
+    me = os.getpid()
+
+    async def kill_it_at_once() -> None:
+        while True:
+            for pid in _children(me):
+                os.kill(pid, signal.SIGKILL)
+                return
+            await trio.sleep(0)
+
+    for _ in range(3):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_it_at_once)
+            with pytest.raises(ActorStartupError, match="exited before reporting ready"):
+                with trio.fail_after(20):
+                    await spawn(_boot(heartbeats, Idle))
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(entry))
+    return found
+
+
+async def test_recv_is_an_end_when_the_peer_died_with_what_it_was_sent_unread() -> None:
+    ours, theirs = socket.socketpair()
+    with ours:
+        ours.setblocking(False)
+        await wire.send(ours, ("boot", b"x" * 100))
+        theirs.close()  # unread
+        assert await wire.recv(ours) is None  # (was ConnectionResetError)
