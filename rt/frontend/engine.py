@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 # had 25,000 sent again) for so many stall timeouts: one lost under a queue that never
 # empties (steady overload) hung till the load stopped
 QUEUE_PATIENCE = 4
+STALLED = "%d request(s) with no news for %.1f s or more; sending them again: %s%s"
 
 
 class Engine:
@@ -479,7 +480,9 @@ class Engine:
         """Send again a request with no news for ``stall_timeout`` (then twice as long,
         …): a frame lost on its way (a bug, a fault plan's drop) would hang it for good.
         Idempotent: a tokenizer tokenizes it again, the table keeps the first ids; the
-        scheduler drops a rid it holds, resumes one it lost from the table's."""
+        scheduler drops a rid it holds, resumes one it lost from the table's. A second
+        copy, no queue holding it, is a new attempt (its last frame lost, the detokenizer
+        took the first copy's tokens for ones it had passed: it hung for good)."""
         timeout = self.options.stall_timeout
         if not timeout:
             return
@@ -503,13 +506,8 @@ class Engine:
             ]
             if stalled:  # one line a pass: an overload stalls hundreds at once
                 shown = ", ".join(f"{r.user_rid} ({r.redrives + 1})" for r in stalled[:3])
-                log.warning(
-                    "%d request(s) with no news for %.1f s or more; sending them again: %s%s",
-                    len(stalled),
-                    min(now - r.progress_at for r in stalled),
-                    shown,
-                    ", …" if len(stalled) > 3 else "",
-                )
+                since, more = min(now - r.progress_at for r in stalled), len(stalled) > 3
+                log.warning(STALLED, len(stalled), since, shown, ", …" if more else "")
             for record in (r for r in stalled if not r.finished):  # (lazily: sends wait)
                 record.redrives, record.redriven_at = record.redrives + 1, now
                 if record.input_ids is None:  # lost before its ids came back: tokenize again
@@ -518,6 +516,8 @@ class Engine:
                         await self._to_tokenizer(record.req, avoid=at_work)
                     except errors.RequestError as err:  # /dev/shm full: refused alone
                         self._fail(Refused(record.rid, type(err).__name__, str(err)))
+                elif record.redrives > 1 and not queueing:  # a copy brought nothing
+                    self._resume(record, "no news after a copy")
                 else:
                     self._resubmit(record)
 

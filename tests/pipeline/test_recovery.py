@@ -168,6 +168,30 @@ async def test_a_request_whose_frame_was_lost_is_sent_again(
         assert all(a.restart_count == 0 for a in engine.actors())
 
 
+async def test_a_request_whose_last_frame_was_lost_is_resumed_after_a_copy(
+    tmp_path: Path,
+) -> None:
+    """A request's last frame lost past the scheduler: its copy was generated again,
+    and the detokenizer, which had passed those tokens, dropped them; every copy
+    after it too: it hung for good (rt-chaos --kinds drop). Now a second copy is a new
+    attempt, its streams reopened. One-token requests, one after another: their frames
+    are each one's first and last, and of two sends in a row the detokenizer makes,
+    one at least is such a frame (an idle report never follows another)."""
+    rules = [
+        {"actor": "detokenizer", "point": "send", "action": "drop", "after": after, "times": 1}
+        for after in (5, 6)
+    ]
+    options: dict[str, Any] = dict(max_new_tokens=1, ignore_eos=True, temperature=0.0)
+    prompts = [f"In the beginning {i}" for i in range(8)]
+    faulted = plan(tmp_path, *rules)
+    async with rt.open_engine(fault_plan=faulted, stall_timeout=0.5, **NULL) as engine:
+        with trio.fail_after(60):
+            got = [await collect(engine, prompt, **options) for prompt in prompts]
+            want = [await collect(engine, prompt, **options) for prompt in prompts]
+        assert got == want and all(len(ids) == 1 for _, ids in got)
+        assert all(a.restart_count == 0 for a in engine.actors())
+
+
 async def generate_all(engine: rt.Engine, n: int, options: dict[str, Any]) -> float:
     """``n`` requests at once, to their ends; how long they took."""
     with trio.fail_after(120):
