@@ -146,25 +146,25 @@ class Engine:
         return Stream(self, *self._build(prompt, options))
 
     def abort(self, rid: str) -> bool:
-        """Abort the request in flight under the caller's ``rid`` (``stream.rid``, or
-        the ``rid`` option given): its KV is freed, and its reader, ``generate`` or
-        ``stream``, raises RequestAborted (with what came before read as usual).
-        Returns False, doing nothing, when no unfinished request has that rid (a
-        stream not yet read has sent nothing). A request still waiting to be sent
-        (for an actor that restarts) is not sent. (Cancelling the reader's task
-        aborts the request too; this is for another.)"""
+        """Abort the request in flight under the caller's ``rid`` (``stream.rid``, or the
+        ``rid`` option): its KV is freed, its reader raises RequestAborted (what came before
+        read as usual); one waiting to be sent (an actor restarting) is not sent. False,
+        doing nothing, when no unfinished request has it (a stream not read sent nothing)."""
         self._check_run()
         waiting = [s for s in self._arriving.get(rid, ()) if not s.cancel_called]
         for scope in waiting:
             scope.cancel()
-        if waiting:
-            return True
         record = self.table.records.get(self.table.by_user_rid.get(rid, ""))
         if record is None or record.finished:
-            return False
+            return bool(waiting)
         self._fail(Refused(record.rid, "RequestAborted", f"rid {rid!r}: aborted by abort()"))
         self._queue(self._to_sched, Abort(record.rid))  # (a tombstone, if it is not there yet)
         return True
+
+    @property
+    def rids(self) -> set[str]:
+        """The caller's rids of the requests in flight, sent or waiting to be."""
+        return {r.user_rid for r in self.table.live()} | self._arriving.keys()
 
     def actors(self) -> tuple[ActorStatus, ...]:
         """Every child: name, pid, state, restart count, last exit reason, heartbeat age."""

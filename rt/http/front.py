@@ -272,6 +272,8 @@ class Front:
             each.abort("abort_request")
         for one in waiting:  # (ended as they start)
             one.aborted = one.aborted or "abort_request"
+        if not found and not waiting:  # the Python API's, on a served engine
+            return self._abort_others({rid}, "abort_request")
         return len(found) + len(waiting)
 
     def abort_all(self, cause: str = "abort_request") -> int:
@@ -282,9 +284,16 @@ class Front:
             tracked.abort(cause)
         for waiting in self._pending.values():
             waiting.aborted = waiting.aborted or cause
-        others = {r.user_rid for r in self.engine.table.live()} - self.in_flight.keys()
-        aborted = sum(self.engine.abort(rid) for rid in others)
-        return len(self.in_flight) + len(self._pending) + aborted
+        others = self._abort_others(self.engine.rids - self.in_flight.keys(), cause)
+        return len(self.in_flight) + len(self._pending) + others
+
+    def _abort_others(self, rids: set[str], cause: str) -> int:
+        """Abort the engine's requests of ``rids`` that no HTTP request tracks (the
+        Python API's); counted under ``cause``. Returns how many."""
+        aborted = sum(self.engine.abort(rid) for rid in rids)
+        if aborted:
+            self.metrics.aborted.labels(cause).inc(aborted)
+        return aborted
 
     # ---- the engine's state ---------------------------------------------------------
 

@@ -21,31 +21,44 @@ from rt.http import Settings, serve
 
 async def test_a_pause_aborts_the_python_apis_requests_on_a_served_engine() -> None:
     """Only the HTTP front's were aborted: a Python caller's request sharing the
-    engine was held through the pause and went on after it."""
+    engine was held through the pause and went on after it; /abort_request by its
+    rid was a 404; and neither was counted in rt_aborted_requests."""
     async with rt.open_engine(torch_threads=1) as engine, trio.open_nursery() as nursery:
         url = await nursery.start(serve, engine, Settings(port=0))
-        raised: list[BaseException] = []
-        started = trio.Event()
+        raised: dict[str, BaseException] = {}
 
-        async def python_caller() -> None:
+        async def python_caller(rid: str, started: trio.Event) -> None:
+            options: dict[str, Any] = dict(max_new_tokens=400, ignore_eos=True, rid=rid)
             try:
-                async for _ in engine.stream(
-                    "In the beginning", max_new_tokens=400, ignore_eos=True
-                ):
+                async for _ in engine.stream("In the beginning", **options):
                     started.set()
             except errors.RequestAborted as err:
-                raised.append(err)
+                raised[rid] = err
 
-        nursery.start_soon(python_caller)
-        with trio.fail_after(60):
-            await started.wait()
+        async def started(rid: str) -> None:
+            event = trio.Event()
+            nursery.start_soon(python_caller, rid, event)
+            with trio.fail_after(60):
+                await event.wait()
+
+        async def aborted(rid: str) -> None:
+            with trio.fail_after(30):
+                while rid not in raised:
+                    await trio.sleep(0.02)
+
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            await started("py-a")
+            by_rid = await client.post("/abort_request", json={"rid": "py-a"})
+            assert by_rid.json() == {"aborted": 1}, by_rid.text
+            await aborted("py-a")
+            await started("py-b")
             paused = await client.post("/pause_generation")
             assert paused.json() == {"status": "ok", "paused": True, "mode": "abort", "aborted": 1}
-            with trio.fail_after(30):
-                while not raised:
-                    await trio.sleep(0.02)
+            await aborted("py-b")
             assert (await client.post("/continue_generation")).status_code == 200
+            metrics = (await client.get("/metrics")).text
+        for cause in ("abort_request", "pause_generation"):
+            assert f'rt_aborted_requests_total{{cause="{cause}"}} 1.0' in metrics, cause
         nursery.cancel_scope.cancel()
 
 
