@@ -24,7 +24,7 @@ from rt.gpu.engine_config import EngineConfig
 from rt.gpu.engine_setup import EngineParts, build_parts
 from rt.gpu.forward_batch import ForwardBatch
 from rt.gpu.model_runner import ScheduledReq
-from rt.gpu.request import FinishReason, Req, ReqOutput, StepOutput
+from rt.gpu.request import FinishReason, Req, ReqOutput, StepOutput, check_ids, prior_outputs
 from rt.gpu.sampler import PendingSample, SampleRow, child_seed, sample_async
 from rt.gpu.sampling_params import SEED_MASK, SamplingParams
 
@@ -132,7 +132,7 @@ class EngineCore:
         if len(input_ids) == 0:
             raise InvalidRequestError("input_ids: expected at least one token id, got none")
         params.validate(vocab)
-        _check_ids("input_ids", input_ids, vocab)
+        check_ids("input_ids", input_ids, vocab)
         room = self.max_total_tokens - len(input_ids)
         if to_context and params.max_new_tokens > room:
             if room < max(params.min_new_tokens, 1):
@@ -142,7 +142,7 @@ class EngineCore:
                     + (f", fewer than min_new_tokens ({params.min_new_tokens})" if room > 0 else "")
                 )
             params = replace(params, max_new_tokens=room)
-        priors = _priors(params, output_ids, finished, vocab)
+        priors = prior_outputs(params, output_ids, finished, vocab)
         total = len(input_ids) + params.max_new_tokens
         if total > self.context_length:
             raise ContextOverflowError(
@@ -269,6 +269,12 @@ class EngineCore:
             out.forward_mode = "extend"
             self._run(plan.items, out)
             return out
+        if self.running and self._pending is not None and not self.decode.fits(self.running):
+            # the last draw's requests that it ends hold KV till it is read: read it now
+            # (this step not overlapped), else retraction found no page it could free
+            # and the scheduler crashed ("decode allocation failed after retraction")
+            self._resolve(out)
+            self._drop_ended()
         if self.running:
             items, retracted = self.decode.plan(self.running)
             if retracted:
@@ -563,42 +569,3 @@ class EngineCore:
     @property
     def device(self) -> torch.device:
         return self.runner.device
-
-
-def _check_ids(field: str, ids: Sequence[int], vocab: int) -> None:
-    bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
-    if bad is not None:
-        raise InvalidRequestError(f"{field}: expected token ids in [0, {vocab}), got {bad!r}")
-
-
-def _priors(
-    params: SamplingParams,
-    output_ids: Sequence[Sequence[int]],
-    finished: Collection[int],
-    vocab: int,
-) -> list[list[int] | None]:
-    """Each child's prior tokens, validated; ``None`` for a finished child (not to run)."""
-    n = params.n
-    if len(output_ids) not in (0, n):
-        raise InvalidRequestError(
-            f"output_ids: expected one sequence of prior tokens per child (n={n}) or none, "
-            f"got {len(output_ids)}"
-        )
-    bad = [i for i in finished if not (isinstance(i, int) and 0 <= i < n)]
-    if bad:
-        raise InvalidRequestError(f"finished: expected child indices in [0, {n}), got {bad[0]!r}")
-    priors: list[list[int] | None] = []
-    for index in range(n):
-        if index in finished:
-            priors.append(None)
-            continue
-        prior = list(output_ids[index]) if output_ids else []
-        _check_ids(f"output_ids[{index}]", prior, vocab)
-        if len(prior) >= params.max_new_tokens:
-            raise InvalidRequestError(
-                f"output_ids[{index}]: expected fewer than max_new_tokens="
-                f"{params.max_new_tokens} prior tokens for a child that is not finished, "
-                f"got {len(prior)}; list the child in finished"
-            )
-        priors.append(prior)
-    return priors

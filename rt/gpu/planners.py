@@ -117,6 +117,10 @@ class DecodePlanner:
     def __init__(self, cache: KVCacheManager) -> None:
         self.cache = cache
 
+    def fits(self, running: list[Req]) -> bool:
+        """Whether the pool holds one more token of each of ``running`` as it is."""
+        return sum(self.cache.pages_needed(r, 1) for r in running) <= self.cache.available_pages
+
     def plan(self, running: list[Req]) -> tuple[list[ScheduledReq], list[Req]]:
         """Remove retracted requests from ``running``; return (what to run, what was retracted)."""
         cache = self.cache

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rt.errors import InvalidRequestError
 from rt.gpu.radix_cache import TreeNode
 from rt.gpu.sampling_params import SamplingParams
 
@@ -111,3 +113,43 @@ class StepOutput:
     outputs: list[ReqOutput] = field(default_factory=list)
     num_tokens: int = 0  # tokens that went through the model
     forward_mode: Literal["extend", "decode", "idle"] = "idle"
+
+
+def check_ids(field: str, ids: Sequence[int], vocab: int) -> None:
+    bad = next((t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+    if bad is not None:
+        raise InvalidRequestError(f"{field}: expected token ids in [0, {vocab}), got {bad!r}")
+
+
+def prior_outputs(
+    params: SamplingParams,
+    output_ids: Sequence[Sequence[int]],
+    finished: Collection[int],
+    vocab: int,
+) -> list[list[int] | None]:
+    """Each child's prior tokens (a request resumed), validated; ``None`` for a
+    finished child (not to run)."""
+    n = params.n
+    if len(output_ids) not in (0, n):
+        raise InvalidRequestError(
+            f"output_ids: expected one sequence of prior tokens per child (n={n}) or none, "
+            f"got {len(output_ids)}"
+        )
+    bad = [i for i in finished if not (isinstance(i, int) and 0 <= i < n)]
+    if bad:
+        raise InvalidRequestError(f"finished: expected child indices in [0, {n}), got {bad[0]!r}")
+    priors: list[list[int] | None] = []
+    for index in range(n):
+        if index in finished:
+            priors.append(None)
+            continue
+        prior = list(output_ids[index]) if output_ids else []
+        check_ids(f"output_ids[{index}]", prior, vocab)
+        if len(prior) >= params.max_new_tokens:
+            raise InvalidRequestError(
+                f"output_ids[{index}]: expected fewer than max_new_tokens="
+                f"{params.max_new_tokens} prior tokens for a child that is not finished, "
+                f"got {len(prior)}; list the child in finished"
+            )
+        priors.append(prior)
+    return priors

@@ -87,3 +87,29 @@ def test_retract_all_gives_back_every_kv_and_the_requests_end_as_they_would_have
     assert not engine.has_work
     for rid in reqs:
         assert results[rid]["tokens"] == want[rid]["tokens"], rid
+
+
+def test_a_full_pool_with_a_draw_pending_frees_its_ended_requests_kv_first(
+    checkpoints: dict[str, Path],
+) -> None:
+    """With overlap, requests that the pending draw ends by their length are out of
+    the running batch but hold their KV until it is read: a pool short of a page
+    retracted down to one request, found none free, and the scheduler crashed on
+    "decode allocation failed after retraction" (overlap is the default on CUDA)."""
+    config = dict(
+        page_size=4,
+        enable_prefix_cache=False,
+        overlap_schedule=True,
+        chunked_prefill_size=32,
+        max_total_tokens=192,
+        schedule_policy="priority",
+        max_running_requests=3,
+    )
+    ps = prompts(3, [53, 56, 45], seed=1491)
+    reqs = {
+        f"r{i}": (p, SamplingParams(max_new_tokens=m, ignore_eos=True, seed=1, n=n))
+        for i, (p, m, n) in enumerate(zip(ps, [15, 12, 19], [3, 2, 2], strict=True))
+    }
+    got = run_all(make_engine(checkpoints["llama"], **config), reqs)
+    want = run_all(make_engine(checkpoints["llama"], max_total_tokens=4096), reqs)
+    assert {k: r["tokens"] for k, r in got.items()} == {k: r["tokens"] for k, r in want.items()}
