@@ -48,27 +48,31 @@ class ActorStatus:
 
 
 SILENT_AFTER_S = 5.0  # a running child with no beat for this long cannot answer
-_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+_SIGKILL_BIT, _SIGSTOP_BIT = 1 << (signal.SIGKILL - 1), 1 << (signal.SIGSTOP - 1)
 
 
-def killed(pid: int) -> bool:
-    """Whether process ``pid`` has been killed or has exited, as the kernel tells it
-    now: a SIGKILL pending, its main thread a zombie, or gone. The supervisor sees an
-    exit through the pidfd, readable only once every thread has gone, which takes a
-    while for a process holding much memory (160 ms for 800 MB): /health asks this
-    so that it never says 200 in that window."""
+def seen_down(pid: int) -> str | None:
+    """How process ``pid`` is down, as the kernel tells it now, before the supervisor
+    can see it: "exiting" (a SIGKILL pending, its main thread a zombie, or gone: its
+    pidfd is readable only once every thread has gone, 160 ms later for a process
+    holding 800 MB), "stopped" (SIGSTOP: its beat would show it only after
+    SILENT_AFTER_S); None if neither, or unknown. /health asks, so that it never
+    says 200 in those windows."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             text = f.read()
     except (FileNotFoundError, ProcessLookupError):  # reaped
-        return True
+        return "exiting"
     except OSError:  # unknown (out of fds, say): not a reason to call it down
-        return False
+        return None
     fields = dict(line.split(b":", 1) for line in text.splitlines() if b":" in line)
-    if fields.get(b"State", b"").strip()[:1] in (b"Z", b"X"):
-        return True
-    pending = (int(fields.get(key, b"0").strip() or b"0", 16) for key in (b"ShdPnd", b"SigPnd"))
-    return any(mask & _SIGKILL_BIT for mask in pending)
+    state = fields.get(b"State", b"").strip()[:1]
+    pending = 0
+    for key in (b"ShdPnd", b"SigPnd"):
+        pending |= int(fields.get(key, b"0").strip() or b"0", 16)
+    if state in (b"Z", b"X") or pending & _SIGKILL_BIT:
+        return "exiting"
+    return "stopped" if state in (b"T", b"t") or pending & _SIGSTOP_BIT else None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from pydantic import BaseModel
 
 from rt import errors
 from rt.actors import ActorState
-from rt.actors.status import ActorStatus, killed
+from rt.actors.status import SILENT_AFTER_S, ActorStatus, seen_down
+from rt.frontend.wiring import SCHEDULER
 from rt.gpu.model_dir import read_model_dir
 from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta
@@ -339,9 +340,15 @@ class Front:
                 )
                 or "the supervisor is not running"
             )
-        exiting = [a.name for a in status.every_actor() if _exiting(a)]
-        if exiting:  # killed, its exit not seen yet (see rt.actors.status.killed)
-            return "; ".join(f"{name} is exiting" for name in exiting)
+        seen = [(a.name, how) for a in status.every_actor() if (how := _seen_down(a))]
+        if seen:  # killed or stopped, not seen by the supervisor yet (see seen_down)
+            return "; ".join(f"{name} is {how}" for name, how in seen)
+        sched = status.actor(SCHEDULER)  # (a step that hangs: its trio thread beats on)
+        if sched.handling_age is not None and sched.handling_age > SILENT_AFTER_S:
+            return (
+                f"the scheduler's step has run for {sched.handling_age:.1f} s (stuck or slow; "
+                "the watchdog restarts it if it does not end)"
+            )
         silent = status.silent()
         if silent:
             return "; ".join(
@@ -352,9 +359,10 @@ class Front:
         return None
 
 
-def _exiting(actor: ActorStatus) -> bool:
-    running = actor.state is ActorState.RUNNING
-    return running and actor.pid is not None and killed(actor.pid)
+def _seen_down(actor: ActorStatus) -> str | None:
+    if actor.state is not ActorState.RUNNING or actor.pid is None:
+        return None
+    return seen_down(actor.pid)
 
 
 def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTTPError:

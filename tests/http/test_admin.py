@@ -62,7 +62,8 @@ async def test_health_is_503_while_an_actor_is_stopped_long_before_the_watchdog(
     default_server: Server,
 ) -> None:
     """It stayed 200 until the watchdog killed the actor (30 s): a load balancer
-    kept sending requests that could not complete."""
+    kept sending requests that could not complete; then until its silence showed
+    (5 s). Now it is 503 from the SIGSTOP on (the kernel's word: stopped)."""
     pid = default_server.actor_pids()["tokenizer0"]
 
     def actors() -> list[tuple[Any, ...]]:
@@ -84,9 +85,8 @@ async def test_health_is_503_while_an_actor_is_stopped_long_before_the_watchdog(
                     await trio.sleep(0.1)
         finally:
             os.kill(pid, signal.SIGCONT)
-        took, _, text = answers[-1]
-        assert "tokenizer0 has shown no sign of life" in text, text
-        assert took < 10, answers  # the watchdog's 30 s are not waited for
+        assert len(answers) == 1, answers  # the first probe
+        assert "tokenizer0 is stopped" in answers[0][2], answers
         with trio.fail_after(10):
             while (await client.get("/health")).status_code != 200:
                 await trio.sleep(0.1)
@@ -523,34 +523,3 @@ async def test_a_request_aborted_while_paused_counts_its_prompt(default_server: 
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["finish_reason"] == "abort"
     assert answer.json()["usage"]["prompt_tokens"] > 5
-
-
-async def test_health_generate_is_503_when_abort_all_takes_its_probe(
-    default_server: Server,
-) -> None:
-    """POST /abort_request's abort_all aborts the probe's generation too; the probe
-    said 200 "ok" with no token made (an abort is no failure of the request)."""
-    pid = default_server.actor_pids()["scheduler"]
-    async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
-        answers: list[httpx.Response] = []
-
-        async def probe() -> None:
-            answers.append(await client.get("/health_generate"))
-
-        os.kill(pid, signal.SIGSTOP)  # no token can come; well before /health would see it
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(probe)
-                with trio.fail_after(5):
-                    while not (await client.get("/server_info")).json()["requests_in_flight"]:
-                        await trio.sleep(0.02)
-                aborted = await client.post("/abort_request", json={"abort_all": True})
-                assert aborted.status_code == 200, aborted.text
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        (answer,) = answers
-        assert answer.status_code == 503, answer.text
-        assert "did not finish: abort_request" in answer.text
-        with trio.fail_after(30):
-            while (await client.get("/health_generate")).status_code != 200:
-                await trio.sleep(0.1)

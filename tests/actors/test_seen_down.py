@@ -1,4 +1,4 @@
-"""``rt.actors.status.killed``: what /health asks of each running actor's process
+"""``rt.actors.status.seen_down``: what /health asks of each running actor's process
 (the kernel's word, before the supervisor has seen the exit)."""
 
 from __future__ import annotations
@@ -9,26 +9,26 @@ import signal
 import subprocess
 import sys
 
-from rt.actors.status import killed
+from rt.actors.status import seen_down
 
 
-def test_killed_from_the_signal_on_not_only_once_reaped() -> None:
+def test_down_from_the_signal_on_not_only_once_reaped() -> None:
     # (a process holding memory: its threads take a while to go after the SIGKILL)
     code = "import time; x = bytearray(400 << 20); print(1, flush=True); time.sleep(60)"
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline()
-        assert not killed(child.pid)
-        child.send_signal(signal.SIGSTOP)  # stopped is not killed (the silence check's)
-        assert not killed(child.pid)
+        assert seen_down(child.pid) is None
+        child.send_signal(signal.SIGSTOP)
+        assert seen_down(child.pid) == "stopped"  # at once, not after its silence
         child.send_signal(signal.SIGKILL)
-        assert killed(child.pid)  # at once: pending, or a zombie main thread
+        assert seen_down(child.pid) == "exiting"  # at once: pending, or a zombie main thread
     finally:
         child.kill()
         child.wait()
         if child.stdout is not None:
             child.stdout.close()
-    assert killed(child.pid)  # reaped (its pid not reused this soon)
+    assert seen_down(child.pid) == "exiting"  # reaped (its pid not reused this soon)
 
 
 def test_a_proc_it_cannot_read_is_no_kill() -> None:
@@ -43,7 +43,7 @@ def test_a_proc_it_cannot_read_is_no_kill() -> None:
                 held.append(open("/dev/null"))  # noqa: SIM115
         except OSError:
             pass
-        assert not killed(os.getpid())
+        assert seen_down(os.getpid()) is None
     finally:
         for f in held:
             f.close()

@@ -1,0 +1,68 @@
+"""/health is never 200 while a request cannot complete: here, a scheduler step
+that hangs in its worker thread (the actor's trio thread beats on, so neither its
+exit nor its silence shows it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import trio
+from serverlib import start_server, write_plan
+
+WATCHDOG_S = 20
+
+
+async def wait_for_503(client: httpx.AsyncClient, within_s: float) -> tuple[float, str]:
+    """How long until /health says 503, and why."""
+    start = trio.current_time()
+    with trio.fail_after(within_s):
+        while (answer := await client.get("/health")).status_code != 503:
+            await trio.sleep(0.1)
+    return trio.current_time() - start, answer.json()["reason"]
+
+
+async def test_health_is_503_while_a_step_hangs(tmp_path: Path) -> None:
+    """A step that hung left /health at 200 until the watchdog killed the scheduler
+    (35 s with the default 30 s watchdog). The step that hangs is a /health_generate
+    probe's: abort_all ends it too (it said 200 "ok" with no token made)."""
+    plan = write_plan(
+        tmp_path / "hang.json",
+        {
+            "seed": 1,
+            "faults": [
+                {
+                    "actor": "scheduler",
+                    "point": "forward",
+                    "action": "hang",
+                    "hang": "sleep",
+                    "times": 1,
+                    "incarnation": 1,
+                },
+            ],
+        },
+    )
+    server = start_server(
+        "--load-format=null", f"--fault-plan={plan}", f"--watchdog-timeout={WATCHDOG_S}"
+    )
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=90) as client:
+            async with trio.open_nursery() as nursery:
+                answers: list[httpx.Response] = []
+
+                async def probe() -> None:
+                    answers.append(await client.get("/health_generate"))
+
+                nursery.start_soon(probe)
+                took, reason = await wait_for_503(client, WATCHDOG_S)
+                assert "the scheduler's step has run for" in reason, reason
+                assert took < WATCHDOG_S - 5, took  # not when the watchdog acts
+                aborted = await client.post("/abort_request", json={"abort_all": True})
+                assert aborted.json() == {"aborted": 1}, aborted.text
+            assert answers[0].status_code == 503, answers[0].text
+            assert "did not finish: abort_request" in answers[0].text
+            with trio.fail_after(60):  # the watchdog's restart
+                while (await client.get("/health_generate")).status_code != 200:
+                    await trio.sleep(0.1)
+    finally:
+        server.stop()
