@@ -72,7 +72,8 @@ def seen_down(pid: int) -> str | None:
         pending |= int(fields.get(key, b"0").strip() or b"0", 16)
     if state in (b"Z", b"X") or pending & _SIGKILL_BIT:
         return "exiting"
-    return "stopped" if state in (b"T", b"t") or pending & _SIGSTOP_BIT else None
+    # (not "t", a tracing stop: strace or py-spy attached, a pause of microseconds)
+    return "stopped" if state == b"T" or pending & _SIGSTOP_BIT else None
 
 
 @dataclass(frozen=True)

@@ -481,7 +481,7 @@ class Engine:
         …): a frame lost on its way (a bug, a fault plan's drop) would hang it for good.
         Idempotent: a tokenizer tokenizes it again, the table keeps the first ids; the
         scheduler drops a rid it holds, resumes one it lost from the table's. A second
-        copy, no queue holding it, is a new attempt (its last frame lost, the detokenizer
+        copy, the scheduler idle, is a new attempt (its last frame lost, the detokenizer
         took the first copy's tokens for ones it had passed: it hung for good)."""
         timeout = self.options.stall_timeout
         if not timeout:
@@ -516,8 +516,8 @@ class Engine:
                         await self._to_tokenizer(record.req, avoid=at_work)
                     except errors.RequestError as err:  # /dev/shm full: refused alone
                         self._fail(Refused(record.rid, type(err).__name__, str(err)))
-                elif record.redrives > 1 and not queueing:  # a copy brought nothing
-                    self._resume(record, "no news after a copy")
+                elif record.redrives > 1 and now - moved_at >= window:  # a copy brought
+                    self._resume(record, "no news after a copy")  # nothing, no step runs
                 else:
                     self._resubmit(record)
 

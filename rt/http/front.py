@@ -343,8 +343,10 @@ class Front:
         seen = [(a.name, how) for a in status.every_actor() if (how := _seen_down(a))]
         if seen:  # killed or stopped, not seen by the supervisor yet (see seen_down)
             return "; ".join(f"{name} is {how}" for name, how in seen)
-        sched = status.actor(SCHEDULER)  # (a step that hangs: its trio thread beats on)
-        if sched.handling_age is not None and sched.handling_age > SILENT_AFTER_S:
+        sched = status.actor(SCHEDULER)  # (a step that hangs: its trio thread beats on;
+        # past half the watchdog's budget: a CPU step of 10 s is no hang)
+        stuck_after = max(SILENT_AFTER_S, self.engine.options.watchdog_timeout / 2)
+        if sched.handling_age is not None and sched.handling_age > stuck_after:
             return (
                 f"the scheduler's step has run for {sched.handling_age:.1f} s (stuck or slow; "
                 "the watchdog restarts it if it does not end)"
