@@ -221,8 +221,8 @@ class Engine:
             if self._closing:
                 raise errors.EngineShutdownError("the engine is shut down")
             seq, epoch = next(self._control_seq), self._epoch
-            if op in ("pause", "retract", "continue"):
-                op = ("continue", op if op != "continue" else "pause")[self._paused]
+            if op in ("pause", "retract", "continue"):  # as the state is now: the later wins
+                op = ("retract" if op == "retract" else "pause") if self._paused else "continue"
             self._queue(self._to_sched, Control(op, seq))
             stats = await self._stats.wait(functools.partial(self._answered, seq, epoch))
             if stats.control >= seq:

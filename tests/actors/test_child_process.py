@@ -18,6 +18,7 @@ from rt.actors.boot import ChildBoot
 from rt.actors.child import describe_error
 from rt.actors.heartbeat import HeartbeatTable
 from rt.actors.process import spawn
+from rt.chaos import leaks
 from rt.errors import ActorStartupError
 from rt.shm.segment import new_run_prefix
 
@@ -147,35 +148,21 @@ async def test_a_child_killed_before_it_read_its_boot_is_a_startup_error(
     """Killed before it read what it was sent (an actor's successor, by kill -9 or
     the OOM killer in its first 0.1 s), its socket reset: that ConnectionResetError
     escaped the handshake, and rt-serve exited 1. It is a start-up failure."""
-    me = os.getpid()
 
-    async def kill_it_at_once() -> None:
+    async def kill_it_at_once(others: set[int]) -> None:
+        """The test process's new child (only it: a reaper may be another)."""
         while True:
-            for pid in _children(me):
+            for pid in leaks.processes()[0].keys() - others:
                 os.kill(pid, signal.SIGKILL)
                 return
             await trio.sleep(0)
 
     for _ in range(3):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(kill_it_at_once)
+            nursery.start_soon(kill_it_at_once, set(leaks.processes()[0]))
             with pytest.raises(ActorStartupError, match="exited before reporting ready"):
                 with trio.fail_after(20):
                     await spawn(_boot(heartbeats, Idle))
-
-
-def _children(parent: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                found.append(int(entry))
-    return found
 
 
 async def test_recv_is_an_end_when_the_peer_died_with_what_it_was_sent_unread() -> None:

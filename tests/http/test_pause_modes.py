@@ -1,6 +1,6 @@
-"""``/pause_generation``'s mode abort (SGLang's default) against what else holds the
-engine: the Python API's requests on a served engine, and a drain that begins
-while the pause waits for a restarted scheduler."""
+"""``/pause_generation``'s modes: abort (SGLang's default) against what else holds
+the engine (the Python API's requests on a served engine, a drain that begins
+while the pause waits for a restarted scheduler), and retract."""
 
 from __future__ import annotations
 
