@@ -1,6 +1,6 @@
-"""/health is never 200 while a request cannot complete: here, a scheduler step
-that hangs in its worker thread (the actor's trio thread beats on, so neither its
-exit nor its silence shows it)."""
+"""/health is never 200 while a request cannot complete: a scheduler step that
+hangs in its worker thread (the actor's trio thread beats on, so neither its exit
+nor its silence shows it), and an actor whose trio thread is stuck (silent)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,56 @@ async def test_health_is_503_while_a_step_hangs(tmp_path: Path) -> None:
             assert "did not finish: abort_request" in answers[0].text
             with trio.fail_after(60):  # the watchdog's restart
                 while (await client.get("/health_generate")).status_code != 200:
+                    await trio.sleep(0.1)
+    finally:
+        server.stop()
+
+
+async def test_health_is_503_while_an_actor_shows_no_sign_of_life(tmp_path: Path) -> None:
+    """A detokenizer whose trio thread is stuck (its timer beats no more, its
+    process runs: neither killed nor stopped) makes /health 503 once it has been
+    silent SILENT_AFTER_S, well before the watchdog restarts it; the request it
+    held then completes."""
+    plan = write_plan(
+        tmp_path / "silent.json",
+        {
+            "seed": 1,
+            "faults": [
+                {
+                    "actor": "detokenizer",
+                    "point": "receive",
+                    "action": "hang",
+                    "hang": "sleep",
+                    "times": 1,
+                    "incarnation": 1,
+                },
+            ],
+        },
+    )
+    server = start_server(
+        "--load-format=null", f"--fault-plan={plan}", f"--watchdog-timeout={WATCHDOG_S}"
+    )
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=90) as client:
+            assert (await client.get("/health")).status_code == 200
+            async with trio.open_nursery() as nursery:
+                answers: list[httpx.Response] = []
+
+                async def generate() -> None:
+                    body = {
+                        "text": "hello",
+                        "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+                    }
+                    answers.append(await client.post("/generate", json=body))
+
+                nursery.start_soon(generate)
+                took, reason = await wait_for_503(client, WATCHDOG_S)
+                assert "detokenizer has shown no sign of life" in reason, reason
+                assert took < WATCHDOG_S - 5, took  # not when the watchdog acts
+            assert answers[0].status_code == 200, answers[0].text
+            assert answers[0].json()["meta_info"]["completion_tokens"] == 4
+            with trio.fail_after(30):
+                while (await client.get("/health")).status_code != 200:
                     await trio.sleep(0.1)
     finally:
         server.stop()
