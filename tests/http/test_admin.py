@@ -386,6 +386,17 @@ async def test_flush_cache_only_when_idle(default_server: Server) -> None:
         assert fresh["output_ids"] == cached["output_ids"]
 
 
+def test_a_control_body_past_its_limit_is_413_and_changes_nothing(default_server: Server) -> None:
+    """A control's body is a small JSON object: past 64 KiB it is refused before it
+    is read whole (not up to --max-body-size, a prompt's limit), and pauses nothing."""
+    body = {"mode": "in_place", "pad": "x" * (80 << 10)}
+    refused = httpx.post(f"{default_server.url}/pause_generation", json=body, timeout=30)
+    assert refused.status_code == 413, refused.text
+    message = refused.json()["error"]["message"]
+    assert "65536" in message and "/pause_generation takes a small JSON object" in message
+    assert httpx.get(f"{default_server.url}/health", timeout=30).status_code == 200
+
+
 def test_unknown_endpoint_and_method(default_server: Server) -> None:
     missing = httpx.get(f"{default_server.url}/nope", timeout=30)
     assert missing.status_code == 404
