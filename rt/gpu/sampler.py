@@ -430,6 +430,7 @@ def _filter(logits: torch.Tensor, params: Sequence[SamplingParams], vocab: int) 
     if use_p:
         top_p = torch.tensor([float(p.top_p) for p in params], device=device)
         probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the tokens ranked before it already cover top_p; the first always stays
-        drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+        # drop a token when the tokens ranked before it already cover top_p; the first
+        # always stays (also for a top_p that float32 rounds to 0: it dropped every token)
+        drop |= ((probs.cumsum(dim=-1) - probs) >= top_p[:, None]) & (rank > 0)
     return logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))

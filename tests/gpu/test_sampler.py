@@ -79,6 +79,10 @@ def kept(params: SamplingParams) -> set[int]:
         (SamplingParams(top_p=0.7), {1, 3}),  # before id 4: 0.75 >= 0.7
         (SamplingParams(top_p=0.8), {1, 3, 4}),  # before id 0: 0.90 >= 0.8
         (SamplingParams(top_p=0.95), {0, 1, 3, 4}),  # before id 2: 0.98 >= 0.95
+        # a top_p that float32 rounds to 0 still keeps the top token (it kept none)
+        (SamplingParams(top_p=1e-300), {1}),
+        (SamplingParams(top_p=5e-324), {1}),
+        (SamplingParams(top_k=2, top_p=1e-46), {1}),
         # min-p keeps p >= min_p * max p (max p = 0.45)
         (SamplingParams(min_p=0.05), {0, 1, 3, 4}),  # threshold 0.0225: drops 0.02
         (SamplingParams(min_p=0.2), {1, 3, 4}),  # threshold 0.09: drops 0.08, 0.02
