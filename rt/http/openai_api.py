@@ -13,6 +13,8 @@ import time
 import uuid
 from typing import Any
 
+import trio
+
 from rt.gpu.sampling_params import show
 from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
@@ -217,11 +219,11 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
     jobs = _jobs(prompts, options, req.rid or cid)
     for job in jobs:
         job.prompt_only = prompt_only
+    echoes = [""] * len(prompts)
     if req.echo:  # echo decodes the ids here, before the engine has checked them
         _check_ids(prompts, front.vocab_size)
-    echoes = [
-        (p if isinstance(p, str) else front.tokens.decode(p)) if req.echo else "" for p in prompts
-    ]
+        cut = front.settings.allow_auto_truncate or req.truncate_prompt_tokens is not None
+        echoes = await trio.to_thread.run_sync(_echoes, front, prompts, cut)
     rename = {
         "max_new_tokens": "max_tokens",
         "min_new_tokens": "min_tokens",
@@ -288,6 +290,20 @@ def _message(message: Any) -> dict[str, Any]:
     if "content" not in out and "content" in message.model_fields_set:
         out["content"] = None
     return out
+
+
+def _echoes(front: Front, prompts: list[Any], cut: bool) -> list[str]:
+    """Each prompt's text, decoded on a worker thread (7M ids took the event loop
+    4 s); not one longer than the context that nothing will cut: the engine
+    refuses it."""
+    return [
+        p
+        if isinstance(p, str)
+        else ""
+        if len(p) > front.context_length and not cut
+        else front.tokens.decode(p)
+        for p in prompts
+    ]
 
 
 def _echo_kept(front: Front, echoes: list[str], i: int, result: Result) -> None:

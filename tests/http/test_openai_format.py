@@ -5,10 +5,12 @@ made to produce at will."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 from tokenizers import Tokenizer
 
 from rt.assets import default_model_path
+from rt.http.openai_api import _echoes
 from rt.http.openai_format import TextCursor, text_offsets
 from rt.http.tokens import TokenTexts
 
@@ -29,3 +31,16 @@ async def test_a_lone_byte_that_ends_as_u_fffd_is_before_the_next_tokens_text() 
     for t, at in zip(ids, offsets, strict=True):
         piece = bytes(texts.bytes(t)).decode("utf-8", "replace")
         assert text[at : at + len(piece)] == piece, (piece, at, text)
+
+
+async def test_echo_decodes_no_prompt_longer_than_the_context_that_nothing_cuts() -> None:
+    """/v1/completions' echo decoded a prompt of ids before the engine refused it
+    as too long: 7M ids held the event loop 4 s. The engine refuses such a prompt,
+    so its text is never needed; a prompt the server will cut is decoded."""
+    texts = TokenTexts(str(default_model_path()))
+    await texts.ensure()
+    front = SimpleNamespace(tokens=texts, context_length=8)
+    prompts: list[Any] = ["some text", [65] * 9, [65] * 3]
+    kept = _echoes(front, prompts, cut=False)  # type: ignore[arg-type]
+    assert kept == ["some text", "", texts.decode([65] * 3)] and kept[2]
+    assert _echoes(front, prompts, cut=True)[1] == texts.decode([65] * 9)  # type: ignore[arg-type]
