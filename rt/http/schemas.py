@@ -404,6 +404,7 @@ FOREIGN_DEFAULTS: dict[str, Any] = {
     "stream_reasoning": True,  # and these ask for nothing of a model that writes none
 }
 _IGNORED_NAMES_LOGGED = 256  # a bound on the names logged (a client may send many)
+_NAME_SHOWN = 64  # a longer field name is shown cut (show())
 _ignored_logged: set[str] = set()
 
 
@@ -521,8 +522,16 @@ def _path(parts: tuple[Any, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         elif not _is_tag(part):
-            out += f".{part}" if out else str(part)
+            part = _name(part)
+            out += f".{part}" if out else part
     return out or "body"
+
+
+def _name(name: str) -> str:
+    """A client's field name as a message or log line shows it: as it is, or
+    quoted, escaped and cut when it holds a line break (it forged a log line) or
+    is long (a 4 MiB name took 4 MiB of the log)."""
+    return name if name.isprintable() and len(name) <= _NAME_SHOWN else show(name)
 
 
 def _what(value: Any) -> str:

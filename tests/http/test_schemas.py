@@ -180,3 +180,21 @@ def test_long_lists_are_refused_before_pydantic_whatever_their_first_item(
 def test_a_long_list_of_token_ids_is_a_prompt_not_a_batch() -> None:
     assert len(parse(CompletionRequest, {"prompt": [1] * 100_000}).prompt) == 100_000
     assert len(parse(GenerateRequest, {"input_ids": [1] * 100_000}).input_ids or ()) == 100_000
+
+
+def test_a_clients_field_name_is_shown_escaped_and_cut(caplog: pytest.LogCaptureFixture) -> None:
+    """An ignored field's name went to the log as it came: a line break in it forged
+    a log line of its own, and a 4 MiB name took 4 MiB of the log; so did the 400
+    naming an unknown field."""
+    forged = "x\n2026-11-29 ERROR rt.actors: actor 'scheduler' crashed"
+    long = "y" * (4 << 20)
+    with caplog.at_level("INFO", logger="rt.http.schemas"):
+        parse(CompletionRequest, {"prompt": "p", forged: None, long: None})
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "not rt's and asks for nothing" in logged
+    assert "\n2026" not in logged and "\\n2026" in logged
+    assert len(logged) < 1000, len(logged)
+    with pytest.raises(HTTPError) as refused:
+        parse(CompletionRequest, {"prompt": "p", long: 1})
+    assert refused.value.status == 400
+    assert "unknown field" in str(refused.value) and len(str(refused.value)) < 300
