@@ -12,18 +12,16 @@ back to the waiting caller, and recovers what a restarted actor lost:
 * detokenizer restarted: its first frame (``DetokenizerUp``) follows whatever
   its predecessor sent, so the one task that reads that ring handles those
   frames first and then reopens every live stream (one ordered path);
-* tokenizer restarted: nothing to do, its ring redelivers what it had not
-  committed;
+* tokenizer restarted: nothing to do (its ring redelivers what it had not committed);
 * a frame of a request's output lost (a gap, seen by the table or reported by
   the detokenizer): that request alone is resumed from what the table holds,
   at its next attempt, and its streams reopened there.
 
 Every ring the frontend writes has one lock in front of it, so any number of
 callers wait their turn on a full ring (backpressure) instead of colliding
-(rt/frontend/plumbing.py: how the frontend sends and reads without a
-checkpoint per message).
-A request's rid on the rings is the frontend's own (unique); the caller's rid
-may be reused once its request has left the table.
+(rt/frontend/plumbing.py: how it sends and reads without a checkpoint per
+message). A request's rid on the rings is the frontend's own (unique); the
+caller's rid may be reused once its request has left the table.
 """
 
 from __future__ import annotations
@@ -151,6 +149,8 @@ class Engine:
         read as usual); one waiting to be sent (an actor restarting) is not sent. False,
         doing nothing, when no unfinished request has it (a stream not read sent nothing)."""
         self._check_run()
+        if not isinstance(rid, str):  # (a list raised TypeError: unhashable)
+            raise errors.InvalidRequestError(f"rid: expected a string, got {type(rid).__name__}")
         waiting = [s for s in self._arriving.get(rid, ()) if not s.cancel_called]
         for scope in waiting:
             scope.cancel()

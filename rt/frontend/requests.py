@@ -94,6 +94,7 @@ OTHER_FIELDS = {
 MAX_CONTEXT = 1 << 31  # max_new_tokens=None's bound where the context length is not known
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
+MAX_RID_CHARS = 1024
 PROMPT_KINDS = {
     "prompt": "text, a list of token ids or a list of chat messages",
     "input_ids": "a list of token ids",
@@ -159,6 +160,10 @@ def build_request(
         if not isinstance(rid, str):
             raise InvalidRequestError(f"rid: expected a string, got {described(rid)}")
         check_unicode("rid", rid)
+        if len(rid) > MAX_RID_CHARS:  # (every output of the request repeats it)
+            raise InvalidRequestError(
+                f"rid: expected at most {MAX_RID_CHARS} characters, got {len(rid)}"
+            )
     priority = options.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidRequestError(f"priority: expected an integer, got {show(priority)}")

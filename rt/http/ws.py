@@ -44,6 +44,8 @@ from typing import Any
 import h11
 import trio
 
+from rt.frontend.requests import MAX_RID_CHARS
+from rt.gpu.sampling_params import show
 from rt.http import native
 from rt.http.asgi import HTTPError, Message, Receive, Send, encode, last_word
 from rt.http.engine_port import Delta, answering
@@ -165,6 +167,15 @@ class Connection:
         cid = obj.get("id")
         if isinstance(cid, bool) or not isinstance(cid, str | int):
             cid = None
+        # every frame for this id repeats it (an 8 MB id, 256 frames queued: 1 GB)
+        long = len(cid) > MAX_RID_CHARS if isinstance(cid, str) else cid and cid.bit_length() > 63
+        if long:
+            problem = (
+                f"id: expected a string of at most {MAX_RID_CHARS} characters or a 64-bit "
+                f"integer, got {show(cid)}"
+            )
+            await self._answer(None, HTTPError(400, problem, param="id"))
+            return
         if isinstance(cid, str) and not cid.isascii():
             try:  # every frame for this id repeats it: it must encode
                 cid.encode("utf-8")

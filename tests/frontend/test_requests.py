@@ -169,6 +169,7 @@ REFUSED = [
     pytest.param("hi", {"rid": 5}, r"rid: expected a string, got 5", id="rid-int"),
     pytest.param("hi", {"rid": 0}, r"rid: expected a string, got 0", id="rid-falsy-int"),
     pytest.param("hi", {"rid": b"r"}, r"rid: expected a string, got bytes", id="rid-bytes"),
+    pytest.param("hi", {"rid": "r" * 1025}, r"rid: expected at most 1024 characters, got 1025", id="rid-too-long"),
     pytest.param("hi", {"rid": "r\ud800"}, r"rid: .*not valid Unicode.* at position 1", id="rid-surrogate"),
     pytest.param("hi", {"max_tokens": 8}, r"unknown parameter\(s\) 'max_tokens'; expected sampling parameters", id="unknown"),
     pytest.param("hi", {"b": 1, 2: 3}, r"unknown parameter\(s\) 'b', 2", id="unknown-mixed-keys"),

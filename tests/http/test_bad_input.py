@@ -101,6 +101,10 @@ CASES: list[tuple[str, Any, str]] = [
     ("/v1/chat/completions", {"messages": MSG, "n": 99999}, "n"),
     ("/v1/chat/completions", {"messages": MSG, "n": 2**63}, "n"),
     ("/v1/completions", {"prompt": "x", "n": 2**63}, "n"),
+    # every output of a request repeats its rid (a 2 MB rid: 190 MB sent for 100 tokens)
+    ("/generate", {"text": "x", "rid": "r" * 1025, "sampling_params": ONE}, "at most 1024"),
+    ("/generate", {"text": "x", "rid": "r" * 1025, "stream": True}, "at most 1024"),
+    ("/v1/completions", {"prompt": "x", "rid": "r" * 1025, "stream": True}, "at most 1024"),
     ("/abort_request", {"rid": 5}, "rid"),
     ("/abort_request", {}, "rid"),
 ]

@@ -155,6 +155,14 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
                 "j",
                 "input_ids: one prompt per frame",
             ),
+            # every frame of the generation repeats its id and rid: both are bounded
+            (json.dumps({"id": "x" * 1025, "type": "generate", "text": "x"}), None, "1024 char"),
+            (json.dumps({"id": 1 << 64, "type": "generate", "text": "x"}), None, "64-bit"),
+            (
+                json.dumps({"id": "k", "type": "generate", "text": "x", "rid": "r" * 1025}),
+                "k",
+                "rid: expected at most 1024 characters",
+            ),
         ]
         for frame, _, _ in bad:
             await ws.send_message(frame)

@@ -254,6 +254,8 @@ async def test_abort_by_rid_ends_that_request_alone(tiny_model) -> None:
         assert sum(len(c.output_ids) for c in out) == 24
         assert not engine.abort("never-was")
         assert not engine.abort(out[-1].rid)  # finished
+        with pytest.raises(InvalidRequestError, match="rid: expected a string, got list"):
+            engine.abort(["by-stream"])  # type: ignore[arg-type]  # (it raised TypeError)
         await reusable(engine, "by-stream")
         await reusable(engine, "by-generate")
 
