@@ -35,8 +35,11 @@ from collections.abc import Generator, Iterable
 
 import h11
 import hypercorn.protocol
+import hypercorn.protocol.h11
 import hypercorn.protocol.ws_stream
 from hypercorn.events import Closed
+from hypercorn.protocol.events import Event as StreamEvent
+from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.ws_stream import Handshake
 from wsproto import ConnectionType
@@ -96,9 +99,24 @@ class FailsWithClose(Connection):
             yield event
 
 
+class ClosesAfterRefusal(hypercorn.protocol.ws_stream.WSStream):
+    """hypercorn's WebSocket stream, which lets its connection go once it has
+    refused a handshake itself (no key, a version not 13, a frame sent before the
+    answer): hypercorn answered 400 ``connection: close`` and never said the
+    stream was over, so the connection stayed open for good, holding a
+    ``--max-connections`` slot (six such sockets and every client got 503)."""
+
+    async def handle(self, event: StreamEvent) -> None:
+        refused_before = self.closed
+        await super().handle(event)
+        if self.closed and not refused_before and not isinstance(event, StreamClosed):
+            await self.send(StreamClosed(stream_id=self.stream_id))
+
+
 def install() -> None:
     """Have hypercorn use these: its ProtocolWrapper builds ``H11Protocol`` for a
-    cleartext connection, and its WSStream a ``Handshake`` for a WebSocket, each
-    looked up in its module when used."""
+    cleartext connection, which builds a ``WSStream`` for a WebSocket, which
+    builds a ``Handshake``, each looked up in its module when used."""
     hypercorn.protocol.H11Protocol = Http11  # type: ignore[misc]
     hypercorn.protocol.ws_stream.Handshake = NoExtensions  # type: ignore[misc]
+    hypercorn.protocol.h11.WSStream = ClosesAfterRefusal  # type: ignore[misc]

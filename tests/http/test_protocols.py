@@ -156,3 +156,19 @@ def closed_with(frames: bytes) -> int:
     [(opcode, payload)] = server_frames(frames)
     assert opcode == 0x8, (opcode, payload)
     return int.from_bytes(payload[:2])
+
+
+def test_a_websocket_handshake_hypercorn_refuses_is_answered_400_and_let_go(
+    default_server: Server,
+) -> None:
+    """hypercorn answered a handshake with no key, or a version not 13, with a 400
+    that says ``connection: close``, then held the connection open for good (no
+    timer applies to it): six such sockets took every slot of --max-connections 6."""
+    base = b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    for head in (
+        base + b"Sec-WebSocket-Version: 13\r\n\r\n",  # no key
+        base + b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n\r\n",
+    ):
+        answer = exchange(default_server, head)  # (reads until the server closes: 30 s at most)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert tracebacks(default_server) == 0
