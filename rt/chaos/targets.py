@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rt.actors.status import seen_down
+
 
 @dataclass(frozen=True)
 class ActorInfo:
@@ -56,9 +58,13 @@ class EngineTarget:
         ]
 
     async def healthy(self) -> bool:
-        """The supervisor's answer (what /health is built on)."""
+        """What /health answers of the actors: the supervisor's status, and no
+        actor killed or stopped that it has not seen yet (``seen_down``: a death
+        reaches the supervisor up to ~0.3 s after the signal)."""
         status = self.engine.supervisor.status()
-        return bool(status.healthy and not status.silent())
+        if not status.healthy or status.silent():
+            return False
+        return not any(a.pid is not None and seen_down(a.pid) for a in status.every_actor())
 
 
 class ServerTarget:
