@@ -259,16 +259,12 @@ class Front:
                 self.metrics.aborted.labels(tracked.abort_cause).inc()
 
     def abort(self, rid: str) -> int:
-        """Abort ``rid``; or, if no request has it, each prompt of the batch whose rid
-        it was (their rids are ``rid-0``, ``rid-1``, …; a request whose client chose
-        such a rid is no batch's). Returns how many."""
-        tracked = self.in_flight.get(rid)
-        if tracked is not None or rid in self._pending:
-            found = [tracked] if tracked is not None else []
-            waiting = [self._pending[rid]] if tracked is None else []
-        else:
-            found = [t for t in self.in_flight.values() if t.batch == rid]
-            waiting = [w for w in self._pending.values() if w.batch == rid]
+        """Abort ``rid``, and each prompt of a batch whose rid it is (their rids are
+        ``rid-0``, ``rid-1``, …; a request whose client chose such a rid is no
+        batch's). A batch may have the rid of a single request in flight: both
+        are aborted (the batch ran on). Returns how many."""
+        found = [t for r, t in self.in_flight.items() if r == rid or t.batch == rid]
+        waiting = [w for r, w in self._pending.items() if r == rid or w.batch == rid]
         for each in found:
             each.abort("abort_request")
         for one in waiting:  # (ended as they start)

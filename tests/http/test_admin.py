@@ -447,6 +447,35 @@ async def test_abort_request_by_a_batchs_rid_aborts_each_of_its_prompts(
             assert len(event["output_ids"]) < 400
 
 
+async def test_abort_request_by_a_rid_a_batch_shares_with_a_request_aborts_them_all(
+    default_server: Server,
+) -> None:
+    """A batch may be named as a single request in flight (its prompts' rids are
+    ``dup-0``, ``dup-1``): the abort of ``dup`` ended the single one only, and the
+    batch ran to its end."""
+    params = {"max_new_tokens": 480, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=300) as client:
+        done: dict[str, list[str]] = {}
+
+        async def send(name: str, text: str | list[str]) -> None:
+            body = {"text": text, "rid": "dup", "sampling_params": params}
+            out = (await client.post("/generate", json=body)).json()
+            done[name] = (
+                [o["meta_info"]["finish_reason"]["type"] for o in out]
+                if isinstance(out, list)
+                else [out["meta_info"]["finish_reason"]["type"]]
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "single", "And God said")
+            nursery.start_soon(send, "batch", ["In the beginning", "And the earth"])
+            while metrics(default_server).get("rt_num_running_reqs{}", 0) < 3:
+                await trio.sleep(0.05)
+            abort = await client.post("/abort_request", json={"rid": "dup"})
+            assert abort.json() == {"aborted": 3}, abort.text
+        assert done == {"single": ["abort"], "batch": ["abort", "abort"]}, done
+
+
 async def test_a_streamed_batch_goes_on_when_one_prompt_is_aborted_before_its_ids_came(
     default_server: Server,
 ) -> None:
