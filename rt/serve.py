@@ -394,6 +394,8 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         checked.engine_config()  # options the engine core refuses (torch.compile on CUDA)
         checked.check_tokenizer()  # another model's
         checked.chat_template_text()  # a file that is not there, a template that cannot compile
+        if checked.scheduler_cpus is not None:
+            split_cpus(checked.scheduler_cpus)  # a CPU this process may not run on
         if isinstance(checked.fault_plan, str):
             FaultPlan.load(checked.fault_plan)  # a plan that cannot be read or parsed
         settings = http_settings(args)

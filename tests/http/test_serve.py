@@ -151,6 +151,8 @@ def test_device_and_dtype_auto_pick_the_gpu_where_torch_sees_one(
         ["--bogus"],
         ["--cuda-graph-max-bs", "0"],
         ["--scheduler-cpus", "3-1"],
+        ["--scheduler-cpus", "4096"],  # no CPU this process may run on (it exited 1)
+        ["--scheduler-cpus", ",".join(map(str, sorted(os.sched_getaffinity(0))))],  # all
         ["--port", "70000"],
         ["--host", "nosuch.invalid"],
         ["--api-key", ""],
