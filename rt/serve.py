@@ -33,6 +33,7 @@ from rt.http.settings import Settings
 log = logging.getLogger("rt.serve")
 FD_TARGET = 65536  # the soft limit of open files asked for (SGLang's)
 PROGRESS_EVERY_S = 5.0
+READY = "rt-serve ready on %s"  # the one line a caller waits for (tests, scripts)
 EXIT_ESCALATED = 3  # as rt.actors.main.run_main
 
 
@@ -347,7 +348,8 @@ async def serve(options: dict[str, Any], settings: Settings) -> None:
                     )
                 async with trio.open_nursery() as server:
                     address = await server.start(serve_http, engine, settings)
-                    log.info("rt-serve ready on %s", address)
+                    # whatever --log-level: with --port 0, the one place the port is told
+                    log.log(max(logging.INFO, log.getEffectiveLevel()), READY, address)
             log.info("stopped%s", f" by {engine.stopped_by}" if engine.stopped_by else "")
             nursery.cancel_scope.cancel()
 
