@@ -150,6 +150,12 @@ class EngineCore:
                 f"{total} exceeds the context length {self.context_length}; shorten the prompt "
                 "or lower max_new_tokens"
             )
+        if len(input_ids) >= self.max_total_tokens:  # (and the token it must make)
+            raise ContextOverflowError(
+                f"the prompt has {len(input_ids)} tokens, more than the KV pool holds with "
+                f"a token to make ({self.max_total_tokens} tokens); shorten the prompt or grow "
+                "the pool"
+            )
         if total > self.max_total_tokens:
             raise ContextOverflowError(
                 f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = "

@@ -34,6 +34,9 @@ def test_request_that_can_never_fit_is_refused(checkpoints: dict[str, Path]) -> 
     engine = make_engine(checkpoints["llama"], max_total_tokens=64)
     with pytest.raises(ContextOverflowError, match="KV pool"):
         engine.add_request("big", list(range(3, 50)), SamplingParams(max_new_tokens=20))
+    # the prompt alone: no max_new_tokens would fit it (the advice was to lower that)
+    with pytest.raises(ContextOverflowError, match=r"more than the KV pool.*shorten the prompt"):
+        engine.add_request("huge", list(range(3, 80)), SamplingParams(max_new_tokens=1))
     with pytest.raises(ContextOverflowError, match="context length"):
         make_engine(checkpoints["llama"]).add_request(
             "long", [5] * 500, SamplingParams(max_new_tokens=20)

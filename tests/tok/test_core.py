@@ -93,6 +93,13 @@ def test_context_overflow_is_refused_or_truncated(core, tokenizer) -> None:
     )
     assert isinstance(refused, Refused) and refused.error == "ContextOverflowError"
     assert refused.message.endswith("; lower max_new_tokens"), refused.message
+    # a prompt over the context as well: the cut cannot help either (it said "shorten the prompt")
+    over = [7] * 300
+    (refused,) = core.process(
+        [GenerateRequest("w2", input_ids=tuple(over), sampling=whole, allow_auto_truncate=True)]
+    )
+    assert refused.message.startswith("max_new_tokens is 256, which leaves no room"), refused
+    assert refused.message.endswith("; lower max_new_tokens"), refused.message
 
 
 def test_a_prompt_that_fills_the_context_is_not_said_to_be_over_it(core) -> None:
