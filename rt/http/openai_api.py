@@ -129,11 +129,15 @@ def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) ->
     return options
 
 
-def _jobs(prompts: list[Any], options: dict[str, Any], base: str) -> list[Job]:
+def _jobs(
+    prompts: list[Any], options: dict[str, Any], base: str, listed: bool = False
+) -> list[Job]:
+    """``listed``: the body's prompt is a list of prompts (of one, even: an error
+    names ``prompt[0][1]``, not ``prompt[1]``)."""
     jobs = []
     for i, prompt in enumerate(prompts):
         rid, of = (base, None) if len(prompts) == 1 else (f"{base}-{i}", base)
-        where = f"prompt[{i}]" if len(prompts) > 1 else None
+        where = f"prompt[{i}]" if listed else None
         if isinstance(prompt, str) or "messages" in options:
             jobs.append(Job(prompt, {**options, "rid": rid}, rid, of, where))
         else:
@@ -141,16 +145,18 @@ def _jobs(prompts: list[Any], options: dict[str, Any], base: str) -> list[Job]:
     return jobs
 
 
-def _check_ids(prompts: list[Any], vocab_size: int) -> None:
+def _check_ids(prompts: list[Any], vocab_size: int, listed: bool) -> None:
     """The engine's check of token-id prompts, for what must decode them first."""
     for k, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             continue
-        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            where = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
+        bad = next((i for i, t in enumerate(prompt) if not 0 <= t < vocab_size), None)
+        if bad is not None:  # (named as the engine names it)
+            where = f"prompt[{k}][{bad}]" if listed else f"prompt[{bad}]"
             raise HTTPError(
-                400, f"{where}: expected token ids in [0, {vocab_size}), got {bad}", param=where
+                400,
+                f"{where}: expected a token id in [0, {vocab_size}), got {prompt[bad]}",
+                param=where,
             )
 
 
@@ -216,12 +222,13 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
     ):
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
-    jobs = _jobs(prompts, options, req.rid or cid)
+    listed = isinstance(req.prompt, list) and not isinstance(req.prompt[0], int)
+    jobs = _jobs(prompts, options, req.rid or cid, listed)
     for job in jobs:
         job.prompt_only = prompt_only
     echoes = [""] * len(prompts)
     if req.echo:  # echo decodes the ids here, before the engine has checked them
-        _check_ids(prompts, front.vocab_size)
+        _check_ids(prompts, front.vocab_size, listed)
         cut = front.settings.allow_auto_truncate or req.truncate_prompt_tokens is not None
         echoes = await trio.to_thread.run_sync(_echoes, front, prompts, cut)
     rename = {

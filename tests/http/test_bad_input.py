@@ -185,6 +185,11 @@ NAMED: list[tuple[str, Any, str]] = [
     ),
     ("/v1/completions", {"prompt": [[1], [4096]], "max_tokens": 2}, "prompt[1][0]"),
     ("/v1/completions", {"prompt": ["a", "x" * 3000], "max_tokens": 2}, "prompt[1]"),
+    # a list of one prompt is a list all the same (it said prompt[1])
+    ("/v1/completions", {"prompt": [[1, 4096]], "max_tokens": 2}, "prompt[0][1]"),
+    ("/v1/completions", {"prompt": [[1, 4096]], "max_tokens": 2, "echo": True}, "prompt[0][1]"),
+    ("/v1/completions", {"prompt": [1, 4096], "max_tokens": 2, "echo": True}, "prompt[1]"),
+    ("/v1/completions", {"prompt": [[1], [4096]], "max_tokens": 2, "echo": True}, "prompt[1][0]"),
     # one prompt: the field as the body has it, not as the engine does
     (
         "/generate",
