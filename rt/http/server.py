@@ -20,10 +20,13 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.trio.tcp_server import TCPServer
+from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, Response
 
 from rt.http import protocols
 from rt.http.app import App
+from rt.http.asgi import HTTPError
 from rt.http.connections import Gate
 from rt.http.front import Front
 from rt.http.send_watch import SendWatch
@@ -61,6 +64,21 @@ def hypercorn_config(settings: Settings, gate: Gate | None = None) -> Config:
     return config
 
 
+class Cors(CORSMiddleware):
+    """Starlette's CORS, whose refusal of a preflight (an origin, method or header
+    not allowed) is rt's JSON error, as every other error is: it was plain text."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        error = HTTPError(400, bytes(response.body).decode("utf-8", "replace"))
+        kept = {
+            k: v for k, v in response.headers.items() if k not in ("content-type", "content-length")
+        }
+        return JSONResponse(error.body(), status_code=400, headers=kept)
+
+
 async def serve(
     engine: Any,
     settings: Settings,
@@ -80,7 +98,7 @@ async def serve(
     gate.register(front.metrics.registry)
     app: Any = App(front, sends)  # an ASGI 3 callable; hypercorn's types want its TypedDicts
     if settings.allowed_origins:  # preflights answered, and the headers added, by Starlette's
-        app = CORSMiddleware(
+        app = Cors(
             app,
             allow_origins=settings.allowed_origins,
             allow_methods=["*"],

@@ -369,6 +369,8 @@ def test_a_browser_page_may_call_from_an_allowed_origin_only(server: Server) -> 
     refused = httpx.options(url, headers={"Origin": "https://evil.example", **PREFLIGHT})
     assert refused.status_code == 400
     assert "access-control-allow-origin" not in refused.headers
+    error = refused.json()["error"]  # as every error (it was Starlette's plain text)
+    assert error["type"] == "invalid_request_error" and "Disallowed CORS origin" in error["message"]
     for headers, status in (({}, 401), (AUTH, 200)):
         answer = httpx.get(
             f"{server.url}/v1/models", headers={"Origin": "https://ui.example", **headers}
