@@ -227,7 +227,7 @@ ENGINE_FLAGS = (
         "--max-logprobs",
         "max_logprobs",
         int,
-        "the most top logprobs per token a request may ask for (default: 20)",
+        "the most top logprobs per token a request may ask for",
     ),
 )
 SWITCHES = {

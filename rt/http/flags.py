@@ -29,12 +29,12 @@ def add_server_flags(parser: argparse.ArgumentParser) -> Any:
     server.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health",
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health and /ping",
     )
     server.add_argument(
         "--served-model-name",
         default=None,
-        help="the model id in /v1/models and responses (default: the model path)",
+        help="the model id in /v1/models and responses (default: the model path; 'default' for the shipped model)",
     )
     server.add_argument(
         "--max-queued-requests",
@@ -64,7 +64,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> Any:
         "--ws-max-in-flight",
         type=int,
         default=Settings.ws_max_in_flight,
-        help="generations one /ws connection may have in flight; one more gets an error frame with status 429 (default: %(default)s)",
+        help="requests (generate frames, each of up to n samples) one /ws connection may have in flight; one more gets an error frame with status 429 (default: %(default)s)",
     )
     server.add_argument(
         "--max-connections",
