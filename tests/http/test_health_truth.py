@@ -8,9 +8,19 @@ from pathlib import Path
 
 import httpx
 import trio
-from serverlib import start_server, write_plan
+from serverlib import Server, start_server, write_plan
 
 WATCHDOG_S = 20
+
+
+def hanging_server(tmp_path: Path, actor: str, point: str) -> Server:
+    """rt-serve (the null model) whose ``actor`` blocks its thread (sleeps) at its
+    first pass of ``point``, in its first incarnation."""
+    rule = {"actor": actor, "point": point, "action": "hang", "hang": "sleep", "times": 1}
+    plan = write_plan(tmp_path / "hang.json", {"seed": 1, "faults": [{**rule, "incarnation": 1}]})
+    return start_server(
+        "--load-format=null", f"--fault-plan={plan}", f"--watchdog-timeout={WATCHDOG_S}"
+    )
 
 
 async def wait_for_503(client: httpx.AsyncClient, within_s: float) -> tuple[float, str]:
@@ -26,25 +36,7 @@ async def test_health_is_503_while_a_step_hangs(tmp_path: Path) -> None:
     """A step that hung left /health at 200 until the watchdog killed the scheduler
     (35 s with the default 30 s watchdog). The step that hangs is a /health_generate
     probe's: abort_all ends it too (it said 200 "ok" with no token made)."""
-    plan = write_plan(
-        tmp_path / "hang.json",
-        {
-            "seed": 1,
-            "faults": [
-                {
-                    "actor": "scheduler",
-                    "point": "forward",
-                    "action": "hang",
-                    "hang": "sleep",
-                    "times": 1,
-                    "incarnation": 1,
-                },
-            ],
-        },
-    )
-    server = start_server(
-        "--load-format=null", f"--fault-plan={plan}", f"--watchdog-timeout={WATCHDOG_S}"
-    )
+    server = hanging_server(tmp_path, "scheduler", "forward")
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=90) as client:
             async with trio.open_nursery() as nursery:
@@ -73,25 +65,7 @@ async def test_health_is_503_while_an_actor_shows_no_sign_of_life(tmp_path: Path
     process runs: neither killed nor stopped) makes /health 503 once it has been
     silent SILENT_AFTER_S, well before the watchdog restarts it; the request it
     held then completes."""
-    plan = write_plan(
-        tmp_path / "silent.json",
-        {
-            "seed": 1,
-            "faults": [
-                {
-                    "actor": "detokenizer",
-                    "point": "receive",
-                    "action": "hang",
-                    "hang": "sleep",
-                    "times": 1,
-                    "incarnation": 1,
-                },
-            ],
-        },
-    )
-    server = start_server(
-        "--load-format=null", f"--fault-plan={plan}", f"--watchdog-timeout={WATCHDOG_S}"
-    )
+    server = hanging_server(tmp_path, "detokenizer", "receive")
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=90) as client:
             assert (await client.get("/health")).status_code == 200
