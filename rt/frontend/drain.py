@@ -94,10 +94,13 @@ async def stop_on_signal(engine: Engine, cancel_scope: trio.CancelScope) -> None
         name = signal.Signals(await signals.__anext__()).name
         engine.stopped_by = name
         engine.refusing = True  # those given up on meanwhile are still aborted
+        live = len(engine.table.live())
         log.warning(
-            "%s: draining %d request(s) for at most %g s (a second signal stops at once)",
+            "%s: draining %s for at most %g s (a second signal stops at once)",
             name,
-            len(engine.table.live()),
+            f"{live} request(s)"
+            if live or not engine.held
+            else "(every request has finished: the answers clients are still taking)",
             engine.options.drain_timeout,
         )
         async with trio.open_nursery() as nursery:

@@ -8,6 +8,7 @@ the kernel's buffers (megabytes on loopback) fill within a second."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -235,6 +236,29 @@ def test_a_client_that_stops_reading_holds_no_room_once_its_generation_ended() -
             time.sleep(0.1)
         # their clients left before reading it all, but no generation was cut short
         assert metrics(server).get('rt_aborted_requests_total{cause="cancelled"}', 0) == 0
+
+
+def test_a_drain_says_when_it_waits_for_answers_not_requests() -> None:
+    """A stop while a client that stopped reading still holds its finished answer
+    logged "draining 0 request(s)", then waited the drain out: it says what it
+    waits for."""
+    with running_server("--load-format=null", "--drain-timeout=2") as server:
+        stuck = post_stream(server.port, body(1), rcvbuf=4096)
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # the engine is done with it, its client is not
+                info = server.info()
+                scheduler = info["scheduler"] or {}
+                done = scheduler.get("steps") and not scheduler["running"] + scheduler["waiting"]
+                if done and info["requests_in_flight"] == 1:
+                    break
+                assert time.monotonic() < deadline, info
+                time.sleep(0.1)
+            assert server.stop(signal.SIGTERM) == 0
+        finally:
+            stuck.close()
+    said = [line for line in server.log if "draining" in line]
+    assert said and "every request has finished" in said[0], said
 
 
 def metrics(server: Server) -> dict[str, float]:
