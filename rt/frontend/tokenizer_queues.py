@@ -23,12 +23,16 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
 from rt.actors import SupervisorStatus
+from rt.actors.status import seen_down
 from rt.frontend.wiring import live_tokenizers, tokenizer_name
 
 # requests taken before the last beat (the trio thread beats every second at most,
 # and work runs on a worker thread; a render's progress() dates its work
 # PROGRESS_BACKDATE_S before its beat): a worker at work on them
 AT_WORK_S = 0.05
+# how often the kernel is asked whether a worker is stopped or dying (/proc: 40 us a
+# look; its beat tells it only after SILENT_AFTER_S, 5 s of requests sent there)
+DOWN_CHECK_S = 0.05
 
 
 class TokenizerQueues:
@@ -42,6 +46,7 @@ class TokenizerQueues:
         self._of: dict[str, list[tuple[int, int]]] = {}
         self._sending: set[str] = set()  # waiting for room (a full ring, /dev/shm, fds)
         self._incarnations = [1] * workers  # each worker's, as the last look saw it
+        self._down: list[tuple[float, int | None, bool]] = [(-DOWN_CHECK_S, None, False)] * workers
 
     def choose(self, status: Callable[[], SupervisorStatus], avoid: set[int] | None = None) -> int:
         """The next worker in turn that is alive (any in turn, if none is): requests
@@ -50,9 +55,22 @@ class TokenizerQueues:
         turn = next(self._turn)
         if self._workers == 1:
             return 0
-        live = live_tokenizers(status(), self._workers)
+        seen = status()
+        live = [i for i in live_tokenizers(seen, self._workers) if not self._seen_down(seen, i)]
         live = [i for i in live if i not in (avoid or ())] or live
         return min(live, key=lambda i: (i - turn) % self._workers, default=turn % self._workers)
+
+    def _seen_down(self, status: SupervisorStatus, worker: int) -> bool:
+        """Whether the kernel says ``worker`` is stopped or dying (``seen_down``), as
+        a look at most DOWN_CHECK_S old saw it (a SIGSTOPped worker got every other
+        request for 5 s: each waited out the stall timeout)."""
+        pid = status.actor(tokenizer_name(worker)).pid
+        at, seen_pid, down = self._down[worker]
+        now = time.monotonic()
+        if pid != seen_pid or now - at >= DOWN_CHECK_S:
+            down = pid is not None and seen_down(pid) is not None
+            self._down[worker] = (now, pid, down)
+        return down
 
     def sending(self, rid: str) -> None:
         """``rid`` waits for room in a ring: late, not lost."""
