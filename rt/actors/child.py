@@ -33,6 +33,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import ExitStack
+from typing import Any
 
 import trio
 
@@ -134,15 +135,33 @@ def _report(ctl: socket.socket, crash: tuple[str, str, str]) -> None:
         ctl.setblocking(False)
 
 
-async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
-    with ExitStack() as stack:
+async def _start_up(boot: ChildBoot, ctx: ActorContext) -> Any:
+    """Build the actor and run its start-up, beating meanwhile: a start-up stuck on
+    the trio thread stops the beats, and the supervisor gives up on it after the
+    watchdog's timeout, not the start-up's (600 s for the scheduler). Work that
+    takes long (loading a model) runs on a worker thread."""
+    error: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_beat_forever, ctx, boot.heartbeat_interval)
         try:
-            ctx, heartbeat = _attach(boot, stack)
             await ctx.faults.point("startup")
             actor = boot.factory(*boot.args, **boot.kwargs)
             startup = getattr(actor, "startup", None)  # optional for duck-typed actors
             if startup is not None:
                 await startup(ctx)
+        except Exception as err:  # raised alone, not in the nursery's group
+            error = err
+        nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return actor
+
+
+async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
+    with ExitStack() as stack:
+        try:
+            ctx, heartbeat = _attach(boot, stack)
+            actor = await _start_up(boot, ctx)
         except Exception as err:
             refused = isinstance(err, ConfigError)  # the same start-up would fail again
             report = ("startup_error", traceback.format_exc(), describe_error(err), refused)

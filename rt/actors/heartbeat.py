@@ -83,6 +83,13 @@ class HeartbeatTable:
         last = max(int(self._view[_FIELDS * slot + _BEAT]), since_ns)
         return max(0.0, (time.monotonic_ns() - last) / 1e9)
 
+    def stuck_starting(self, slot: int, timeout: float) -> str | None:
+        """Why a child in its start-up counts as stuck: it began to beat, then beat no
+        more for ``timeout`` (its trio thread held); None if not (yet)."""
+        last = int(self._view[_FIELDS * slot + _BEAT])
+        silence = (time.monotonic_ns() - last) / 1e9
+        return f"no heartbeat for {silence:.2f} s" if last and silence > timeout else None
+
     def handling_age(self, slot: int) -> float | None:
         """Seconds since the child took the requests it has in hand; None if none."""
         since = int(self._view[_FIELDS * slot + _HANDLING])

@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import cloudpickle
 import trio
@@ -37,6 +37,8 @@ from rt.errors import ActorStartupError
 log = logging.getLogger("rt.actors")
 
 EXIT_AFTER_ERROR_S = 5.0  # a child that reported a start-up error gets this long to exit
+STUCK_POLL_S = 0.25  # how often a start-up's heartbeat is looked at
+Stuck = Callable[[], str | None]  # why a child in its start-up is stuck, or None
 
 
 def describe_exit(returncode: int) -> str:
@@ -112,13 +114,30 @@ class ChildProcess:
         self.send_signal(signal.SIGKILL)
         return await self.wait()
 
-    async def handshake(self, timeout: float) -> None:
-        """Wait for "ready"; raise ActorStartupError if start-up fails or takes too long."""
-        message = None
-        with trio.move_on_after(timeout) as deadline:
-            message = await wire.recv(self._ctl)
+    async def handshake(self, timeout: float, stuck: Stuck | None = None) -> None:
+        """Wait for "ready"; raise ActorStartupError if start-up fails, takes too
+        long, or is stuck (``stuck`` says why, polled every STUCK_POLL_S)."""
+        message, why = None, None
+
+        async def watch(scope: trio.CancelScope) -> None:
+            nonlocal why
+            while stuck is not None and (why := stuck()) is None:
+                await trio.sleep(STUCK_POLL_S)
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            if stuck is not None:
+                nursery.start_soon(watch, nursery.cancel_scope)
+            with trio.move_on_after(timeout) as deadline:
+                message = await wire.recv(self._ctl)
+            nursery.cancel_scope.cancel()
         if message == ("ready",):
             return
+        if why is not None:
+            await self.kill()
+            raise ActorStartupError(
+                f"actor {self.name!r} (pid {self.pid}) stuck in its start-up: {why}"
+            )
         if deadline.cancelled_caught:
             await self.kill()
             raise ActorStartupError(
@@ -172,6 +191,7 @@ async def spawn(
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 60.0,
     cpus: Sequence[int] | None = None,
+    stuck: Stuck | None = None,
 ) -> ChildProcess:
     """Start a child running ``boot``'s actor and wait until it reports ready;
     pinned to ``cpus`` (before it starts a thread: its interpreter is starting)."""
@@ -225,7 +245,7 @@ async def spawn(
         # and says how it exited.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             await wire.send(parent_end, (list(sys.path), cloudpickle.dumps(boot)))
-        await proc.handshake(startup_timeout)
+        await proc.handshake(startup_timeout, stuck)
     except BaseException:
         with trio.CancelScope(shield=True):
             await proc.kill()

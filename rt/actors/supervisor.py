@@ -134,8 +134,7 @@ class Supervisor:
         self._changed = trio.Event()
         self._events: trio.MemorySendChannel[_Exit] | None = None
         self._nursery: trio.Nursery | None = None
-        self._running = False
-        self._started = False
+        self._running = self._started = False
         self.prefix = ""
 
     # -- the public surface ---------------------------------------------------
@@ -291,7 +290,7 @@ class Supervisor:
         if isinstance(child.spec, SupervisorSpec):
             await self._start_subtree(child)
             return
-        spec = child.spec
+        spec, watchdog = child.spec, self._watchdog_timeout(child.spec)
         self._heartbeats.reset(child.index)  # no beat yet, no requests in hand
         boot = ChildBoot(
             name=spec.name,
@@ -301,7 +300,7 @@ class Supervisor:
             incarnation=child.incarnation,
             heartbeat_segment=self._heartbeats.name,
             heartbeat_slot=child.index,
-            heartbeat_interval=min(self._watchdog_timeout(spec) / 5, MAX_BEAT_INTERVAL_S),
+            heartbeat_interval=min(watchdog / 5, MAX_BEAT_INTERVAL_S),
             inboxes={r: self._rings[r].spec for r in spec.inboxes},
             outboxes={r: self._rings[r].spec for r in spec.outboxes},
             fault_plan=self.fault_plan,
@@ -314,6 +313,7 @@ class Supervisor:
                 env=spec.env,
                 startup_timeout=spec.startup_timeout,
                 cpus=spec.cpus,
+                stuck=partial(self._heartbeats.stuck_starting, child.index, watchdog),
             )
         except ActorStartupError as err:
             first_line = str(err).partition("\n")[0]  # the traceback follows it
@@ -322,8 +322,7 @@ class Supervisor:
                 _Exit(child.index, child.incarnation, reason, True, time.monotonic(), err)
             )
             return
-        child.proc = proc
-        child.state = ActorState.RUNNING
+        child.proc, child.state = proc, ActorState.RUNNING
         child.ready_ns = time.monotonic_ns()
         child.ready_at = child.ready_ns / 1e9
         log.info("actor %r ready (pid %d, incarnation %d)", spec.name, proc.pid, child.incarnation)

@@ -93,13 +93,17 @@ class _Stream:
     gap_told: bool = False  # the frontend was told of a gap in this run
 
 
+def _incremental(tokenizer_path: str) -> IncrementalDetokenizer:
+    return IncrementalDetokenizer(load_tokenizer(tokenizer_path))
+
+
 class DetokenizerActor(Actor):
     def __init__(self, tokenizer_path: str) -> None:
         self.tokenizer_path = tokenizer_path
 
     async def startup(self, ctx: ActorContext) -> None:
-        tokenizer = load_tokenizer(self.tokenizer_path)
-        self.detok = IncrementalDetokenizer(tokenizer)
+        # on a worker thread: the trio thread beats meanwhile (rt/actors/child.py)
+        self.detok = await trio.to_thread.run_sync(_incremental, self.tokenizer_path)
         self.streams: dict[str, _Stream] = {}  # open here
         self.unopened: dict[str, list[_Parked]] = defaultdict(list)  # parked, no open yet
         self.asked: set[str] = set()  # unopened keys the frontend was asked about

@@ -80,12 +80,14 @@ class TokenizerActor(Actor):
         self.render_limit_s = render_limit_s  # a chat template's render, at most (0: no limit)
 
     async def startup(self, ctx: ActorContext) -> None:
+        # on a worker thread: the trio thread beats meanwhile (rt/actors/child.py)
+        self.core = await trio.to_thread.run_sync(self._load)
+
+    def _load(self) -> TokenizerCore:
         tokenizer = load_tokenizer(self.tokenizer_path)
         if self.chat_template is not None:
             tokenizer.chat_template = self.chat_template
-        self.core = TokenizerCore(
-            tokenizer, self.context_length, self.vocab_size, self.render_limit_s
-        )
+        return TokenizerCore(tokenizer, self.context_length, self.vocab_size, self.render_limit_s)
 
     async def run(self, ctx: ActorContext) -> None:
         inbox = ctx.inbox[self.inbox]

@@ -411,3 +411,17 @@ async def test_an_escalation_leaves_the_rings_open_until_the_body_has_exited() -
     assert caught.group_contains(EscalationError)
     assert not caught.group_contains(OSError)
     assert sup.status().escalated is not None
+
+
+async def test_a_start_up_stuck_on_its_thread_is_given_up_after_the_watchdogs_timeout() -> None:
+    """A start-up that hangs on the child's trio thread stops its beats: it is killed
+    and started again after watchdog_timeout (it was waited for startup_timeout:
+    600 s for the scheduler, with every new request held)."""
+    rule = {"actor": "a", "point": "startup", "action": "hang", "hang": "sleep", "incarnation": 2}
+    plan = FaultPlan.from_dict({"seed": 1, "faults": [rule]})
+    spec = quick_spec(ActorSpec("a", Idle, startup_timeout=300.0), watchdog_timeout=1.0)
+    async with open_supervisor(spec, fault_plan=plan) as sup:
+        os.kill(sup.status().actor("a").pid, signal.SIGKILL)  # type: ignore[arg-type]
+        status = await wait_until(sup, is_running("a", 3))  # (TIMEOUT: far below 300 s)
+    reason = status.actor("a").last_exit_reason or ""
+    assert "stuck in its start-up: no heartbeat for" in reason, reason
