@@ -206,9 +206,11 @@ def _sample_kernel(
                 row_ptr, start, vocab, temperature, row_max, min_p, k_floor, BLOCK_V
             )
             total += tl.sum(tl.where(kept, weight, 0.0), axis=0)
+        # the mass to reach is above 0 (the top token's weight is 1): a top_p float32
+        # holds as 0 made it 0, which the largest key reached, and no token was kept
         p_floor = _radix_floor(
-            row_ptr, vocab, temperature, row_max, min_p, k_floor, top_p * total,
-            True, BLOCK_V, RADIX_BITS,
+            row_ptr, vocab, temperature, row_max, min_p, k_floor,
+            tl.maximum(top_p * total, 1e-30), True, BLOCK_V, RADIX_BITS,
         )  # fmt: skip
 
     # Gumbel-max over the kept tokens; ties go to the lowest id, as torch.argmax

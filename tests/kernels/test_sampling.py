@@ -223,6 +223,24 @@ def test_the_largest_uniform_never_picks_a_dropped_token() -> None:
     assert tokens[2] in logits[2].topk(5).indices.tolist()
 
 
+def test_a_top_p_that_float32_rounds_to_0_keeps_the_top_token() -> None:
+    """A top_p above 0 that float32 holds as 0 (1e-300, 5e-324, 1e-46) made the
+    mass to reach 0: the floor was the largest key, no token was kept, and every
+    row drew id 0; the top-ranked token stays, as in the engine sampler."""
+    probs = torch.tensor([0.08, 0.45, 0.02, 0.30, 0.15])
+    batch = (
+        torch.log(probs).repeat(3, 1),
+        torch.ones(3),
+        torch.zeros(3, dtype=torch.int64),
+        torch.tensor([1e-300, 5e-324, 1e-46], dtype=torch.float32),  # 0.0 each
+        torch.zeros(3),
+        torch.tensor([1, 2, 3]),
+        torch.zeros(3, dtype=torch.int64),
+    )
+    tokens = sample_tokens(*(t.to(DEVICE) for t in batch)).cpu().tolist()
+    assert tokens == sample_ref(*batch).tolist() == [1, 1, 1]
+
+
 def test_launcher_checks_dtypes_and_shapes() -> None:
     logits, *rest = (t.to(DEVICE) for t in _batch(64, ROWS[:2], 5))
     with pytest.raises(AssertionError, match="seeds"):
