@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from rt import errors
+from rt.frontend.requests import MAX_RID_CHARS
 from rt.gpu.sampling_params import MAX_N
 from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta, EngineStream, Prompt, TopLogprobs
@@ -137,6 +138,20 @@ async def _watch_taken(stream: EngineStream, i: int, taken: Taken, scope: trio.C
     with scope:
         if await stream.tokenized():
             taken.one(i)
+
+
+def check_batch_rid(rid: str, prompts: int | None) -> None:
+    """A batch's rid (of ``prompts``; None: no batch) with room for what its prompts'
+    rids add (``rid-0`` …), each at most MAX_RID_CHARS: the engine's refusal named a
+    length the client never sent."""
+    room = MAX_RID_CHARS - len(f"-{(prompts or 1) - 1}")
+    if prompts is not None and len(rid) > room:
+        raise HTTPError(
+            400,
+            f"rid: expected at most {room} characters for a batch of {prompts} prompts (each "
+            f"prompt's rid adds -i to it, and a rid has at most {MAX_RID_CHARS}), got {len(rid)}",
+            param="rid",
+        )
 
 
 async def run(

@@ -17,7 +17,7 @@ from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta, TopLogprobs
 from rt.http.front import PROMPT, Front
-from rt.http.generation import Job, Result, Seq, run
+from rt.http.generation import Job, Result, Seq, check_batch_rid, run
 from rt.http.openai_api import check_model
 from rt.http.schemas import GenerateRequest, SamplingParams
 
@@ -129,6 +129,7 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
             param="logprob_start_len",
         )
     base = req.rid if isinstance(req.rid, str) and req.rid else uuid.uuid4().hex  # "": none
+    check_batch_rid(base, len(prompts) if batch else None)
     jobs = []
     for i, (prompt, params) in enumerate(zip(prompts, per_prompt, strict=True)):
         options = params.model_dump(exclude_none=True)

@@ -20,7 +20,7 @@ from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta
 from rt.http.front import PROMPT, Front
-from rt.http.generation import Job, Result, Seq, run
+from rt.http.generation import Job, Result, Seq, check_batch_rid, run
 from rt.http.openai_format import (
     ChunkUsage,
     TextCursor,
@@ -134,6 +134,7 @@ def _jobs(
 ) -> list[Job]:
     """``listed``: the body's prompt is a list of prompts (of one, even: an error
     names ``prompt[0][1]``, not ``prompt[1]``)."""
+    check_batch_rid(base, len(prompts) if len(prompts) > 1 else None)
     jobs = []
     for i, prompt in enumerate(prompts):
         rid, of = (base, None) if len(prompts) == 1 else (f"{base}-{i}", base)

@@ -105,6 +105,9 @@ CASES: list[tuple[str, Any, str]] = [
     ("/generate", {"text": "x", "rid": "r" * 1025, "sampling_params": ONE}, "at most 1024"),
     ("/generate", {"text": "x", "rid": "r" * 1025, "stream": True}, "at most 1024"),
     ("/v1/completions", {"prompt": "x", "rid": "r" * 1025, "stream": True}, "at most 1024"),
+    # a batch's: its prompts' rids add "-i" (it named 1026 characters, not what was sent)
+    ("/generate", {"text": ["x"], "rid": "r" * 1023}, "at most 1022 characters for a batch of 1"),
+    ("/v1/completions", {"prompt": ["x", "y"], "rid": "r" * 1024}, "got 1024"),
     ("/abort_request", {"rid": 5}, "rid"),
     ("/abort_request", {}, "rid"),
 ]
