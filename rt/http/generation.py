@@ -299,7 +299,9 @@ def in_batch(err: HTTPError, job: Job) -> HTTPError:
     base = param.split("[")[0]
     if base in PROMPT_FIELDS:
         name = job.where + param[len(base) :]
-    elif err.code == "context_length_exceeded":
+    elif err.code == "context_length_exceeded" and not (param and err.message.startswith(param)):
+        # the prompt's length at fault: named by its place (not "max_tokens is N, which
+        # leaves no room for the prompt", the field alone at fault: it keeps its name)
         name, param = job.where, ""
     elif param and job.params_where is not None:
         name = f"{job.params_where}.{param}"

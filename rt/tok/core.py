@@ -250,8 +250,9 @@ class TokenizerCore:
         )
 
     def _overflow(self, req: GenerateRequest, size: int, sampling: SamplingParams) -> str:
-        if req.allow_auto_truncate and sampling.max_new_tokens >= self.context_length > 1:
-            # (a cut prompt is one token at least: max_new_tokens alone leaves it no room)
+        if not req.to_context and sampling.max_new_tokens >= self.context_length > 1:
+            # (a prompt is one token at least, cut or not: max_new_tokens alone leaves it
+            # no room, and shortening the prompt or cutting it cannot help)
             return (
                 f"max_new_tokens is {sampling.max_new_tokens}, which leaves no room for the "
                 f"prompt in the context length {self.context_length}; lower max_new_tokens"

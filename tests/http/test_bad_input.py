@@ -535,3 +535,20 @@ def test_top_logprobs_past_the_servers_max_is_refused_by_name(
     assert error["param"] == field
     assert error["message"].startswith(f"{field}: expected at most 20 (the server's max_logprobs)")
     assert post(client, path, asking(20)).status_code == 200
+
+
+def test_a_max_tokens_that_fills_the_context_alone_is_named_not_the_prompt(
+    client: httpx.Client,
+) -> None:
+    """Its fault alone: no prompt, cut or not, leaves it room. In a list of prompts
+    it was blamed on the first prompt (param prompt[0]), and with no cut allowed the
+    advice was to shorten the prompt or start the server with auto-truncation."""
+    for prompt in ("hello", ["hello"], ["a", "b"], [[5] * 10], [5] * 10):
+        answer = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 600})
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and error["param"] == "max_tokens", (prompt, error)
+        assert error["message"].startswith("max_tokens is 600, which leaves no room"), error
+        assert error["message"].endswith("; lower max_tokens"), error
+    batch = {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 600}}
+    error = client.post("/generate", json=batch).json()["error"]
+    assert error["param"] == "sampling_params.max_new_tokens", error

@@ -296,10 +296,13 @@ def test_bad_requests_raise_bad_request_error(client: openai.OpenAI) -> None:
     assert err.value.param == "prompt"  # (it was null)
     # echo decodes a token-id prompt before the engine sees it: its ids are checked first
     # (a negative one, or one past 2**64, was a 500 from the decoder)
-    for prompt, where, bad in (([-1], "prompt", -1), ([[5], [7, 2**64]], "prompt[1]", 2**64)):
+    for prompt, where, bad in (
+        ([-1], "prompt[0]", -1),
+        ([[5], [7, 2**64]], "prompt[1][1]", 2**64),
+    ):
         with pytest.raises(
             openai.BadRequestError,
-            match=rf"{re.escape(where)}: expected token ids in \[0, 4096\), got {bad}",
+            match=rf"{re.escape(where)}: expected a token id in \[0, 4096\), got {bad}",
         ):
             client.completions.create(model=model, prompt=prompt, max_tokens=2, echo=True)
     assert set(err.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
