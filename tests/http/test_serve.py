@@ -375,8 +375,6 @@ def threads_cpus(pid: int) -> set[int]:
     return set(next(iter(masks)))
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin apart")
 def test_the_ready_line_comes_at_any_log_level() -> None:
     """It was an INFO line: under --log-level warning nothing told a caller of
     --port 0 the port, and it waited for good."""
@@ -385,6 +383,8 @@ def test_the_ready_line_comes_at_any_log_level() -> None:
         assert not any(" INFO " in line for line in server.log)  # the level holds
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin apart")
 def test_scheduler_cpus_pin_the_scheduler_apart_from_the_front_and_the_other_actors() -> None:
     allowed = sorted(os.sched_getaffinity(0))
     mine, rest = {allowed[-1]}, set(allowed[:-1])
