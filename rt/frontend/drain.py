@@ -100,7 +100,8 @@ async def stop_on_signal(engine: Engine, cancel_scope: trio.CancelScope) -> None
             name,
             f"{live} request(s)"
             if live or not engine.held
-            else "(every request has finished: the answers clients are still taking)",
+            else "no request in flight (answers clients are still taking, or requests "
+            "waiting for an actor to come back)",
             engine.options.drain_timeout,
         )
         async with trio.open_nursery() as nursery:

@@ -45,7 +45,7 @@ import h11
 import trio
 
 from rt.frontend.requests import MAX_RID_CHARS
-from rt.gpu.sampling_params import show
+from rt.gpu.sampling_params import INT64_MAX, INT64_MIN, show
 from rt.http import native
 from rt.http.asgi import HTTPError, Message, Receive, Send, encode, last_word
 from rt.http.engine_port import Delta, answering
@@ -168,8 +168,11 @@ class Connection:
         if isinstance(cid, bool) or not isinstance(cid, str | int):
             cid = None
         # every frame for this id repeats it (an 8 MB id, 256 frames queued: 1 GB)
-        long = len(cid) > MAX_RID_CHARS if isinstance(cid, str) else cid and cid.bit_length() > 63
-        if long:
+        if (
+            len(cid) > MAX_RID_CHARS
+            if isinstance(cid, str)
+            else not INT64_MIN <= (cid or 0) <= INT64_MAX
+        ):
             problem = (
                 f"id: expected a string of at most {MAX_RID_CHARS} characters or a 64-bit "
                 f"integer, got {show(cid)}"

@@ -157,7 +157,12 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
             ),
             # every frame of the generation repeats its id and rid: both are bounded
             (json.dumps({"id": "x" * 1025, "type": "generate", "text": "x"}), None, "1024 char"),
-            (json.dumps({"id": 1 << 64, "type": "generate", "text": "x"}), None, "64-bit"),
+            (json.dumps({"id": 1 << 63, "type": "generate", "text": "x"}), None, "64-bit"),
+            (  # the smallest 64-bit integer is one (it was refused as not)
+                json.dumps({"id": -(1 << 63), "type": "generate", "text": "x", "bogus": 1}),
+                -(1 << 63),
+                "bogus",
+            ),
             (
                 json.dumps({"id": "k", "type": "generate", "text": "x", "rid": "r" * 1025}),
                 "k",
