@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rt.actors.status import seen_down
-
 
 @dataclass(frozen=True)
 class ActorInfo:
@@ -58,13 +56,11 @@ class EngineTarget:
         ]
 
     async def healthy(self) -> bool:
-        """What /health answers of the actors: the supervisor's status, and no
-        actor killed or stopped that it has not seen yet (``seen_down``: a death
-        reaches the supervisor up to ~0.3 s after the signal)."""
-        status = self.engine.supervisor.status()
-        if not status.healthy or status.silent():
-            return False
-        return not any(a.pid is not None and seen_down(a.pid) for a in status.every_actor())
+        """What /health answers (rt.frontend.health): an actor killed or stopped is
+        down from the signal on, not once its supervisor has seen it (~0.3 s later)."""
+        from rt.frontend.health import unhealthy  # (here: rt.chaos imports no torch)
+
+        return unhealthy(self.engine) is None
 
 
 class ServerTarget:

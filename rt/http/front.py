@@ -23,9 +23,7 @@ import trio
 from pydantic import BaseModel
 
 from rt import errors
-from rt.actors import ActorState
-from rt.actors.status import SILENT_AFTER_S, ActorStatus, seen_down
-from rt.frontend.wiring import SCHEDULER
+from rt.frontend.health import unhealthy
 from rt.gpu.model_dir import read_model_dir
 from rt.http.asgi import HTTPError
 from rt.http.engine_port import Delta
@@ -320,47 +318,8 @@ class Front:
         return self.engine.supervisor.status().escalated is not None
 
     def unhealthy(self) -> str | None:
-        """Why a request could not complete now, or None."""
-        if getattr(self.engine, "stopped_by", None) is not None:
-            return f"the server is shutting down ({self.engine.stopped_by})"
-        status = self.engine.supervisor.status()
-        if status.escalated:
-            return f"the engine gave up: {status.escalated}"
-        down = [a for a in status.actors if a.state is not ActorState.RUNNING]
-        if down or not status.running:
-            return (
-                "; ".join(
-                    f"{a.name} is {a.state.value}"
-                    + (f" (last exit: {a.last_exit_reason})" if a.last_exit_reason else "")
-                    for a in down
-                )
-                or "the supervisor is not running"
-            )
-        seen = [(a.name, how) for a in status.every_actor() if (how := _seen_down(a))]
-        if seen:  # killed or stopped, not seen by the supervisor yet (see seen_down)
-            return "; ".join(f"{name} is {how}" for name, how in seen)
-        sched = status.actor(SCHEDULER)  # (a step that hangs: its trio thread beats on;
-        # past half the watchdog's budget: a CPU step of 10 s is no hang)
-        stuck_after = max(SILENT_AFTER_S, self.engine.options.watchdog_timeout / 2)
-        if sched.handling_age is not None and sched.handling_age > stuck_after:
-            return (
-                f"the scheduler's step has run for {sched.handling_age:.1f} s (stuck or slow; "
-                "the watchdog restarts it if it does not end)"
-            )
-        silent = status.silent()
-        if silent:
-            return "; ".join(
-                f"{a.name} has shown no sign of life for {a.beat_age:.1f} s (stopped or stuck; "
-                "the watchdog restarts it if it does not come back)"
-                for a in silent
-            )
-        return None
-
-
-def _seen_down(actor: ActorStatus) -> str | None:
-    if actor.state is not ActorState.RUNNING or actor.pid is None:
-        return None
-    return seen_down(actor.pid)
+        """Why a request could not complete now, or None (rt.frontend.health)."""
+        return unhealthy(self.engine)
 
 
 def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTTPError:
