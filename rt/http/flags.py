@@ -70,7 +70,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> Any:
         "--max-connections",
         type=int,
         default=None,
-        help="open client connections taken at once; past them a new one gets 503 with Retry-After, so that clients cannot take the file descriptors the engine needs (0: no cap; default: what the limit of open files leaves once the engine is up, less a spare for the engine)",
+        help="open client connections taken at once; past them a new one gets 503 with Retry-After, so that clients cannot take the file descriptors the engine needs (0: no cap; default: what the limit of open files leaves once the engine is up, less 64 for the engine and 64 for refusals)",
     )
     server.add_argument(
         "--tcp-keepalive",
