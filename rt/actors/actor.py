@@ -115,7 +115,10 @@ class Actor:
     fault_points: ClassVar[frozenset[str]] = frozenset()
 
     async def startup(self, ctx: ActorContext) -> None:
-        """Anything slow before the actor is ready (loading a model). Optional."""
+        """Anything slow before the actor is ready (loading a model). Optional. The
+        child beats meanwhile on its trio thread: work that holds that thread longer
+        than a tenth of ``startup_timeout`` (and the watchdog's timeout) is taken for
+        a hang, so run it on a worker thread (``trio.to_thread.run_sync``)."""
 
     async def run(self, ctx: ActorContext) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement async run(ctx)")

@@ -140,7 +140,7 @@ async def _start_up(boot: ChildBoot, ctx: ActorContext) -> Any:
     the trio thread stops the beats, and the supervisor gives up on it after the
     watchdog's timeout, not the start-up's (600 s for the scheduler). Work that
     takes long (loading a model) runs on a worker thread."""
-    error: Exception | None = None
+    error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_beat_forever, ctx, boot.heartbeat_interval)
         try:
@@ -149,7 +149,9 @@ async def _start_up(boot: ChildBoot, ctx: ActorContext) -> Any:
             startup = getattr(actor, "startup", None)  # optional for duck-typed actors
             if startup is not None:
                 await startup(ctx)
-        except Exception as err:  # raised alone, not in the nursery's group
+        except BaseException as err:  # raised alone, not in the nursery's group
+            if isinstance(err, trio.Cancelled):
+                raise
             error = err
         nursery.cancel_scope.cancel()
     if error is not None:

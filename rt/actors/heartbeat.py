@@ -41,6 +41,11 @@ from rt.shm.segment import Segment
 # what ActorContext.progress dates a unit of work before its beat: more than the
 # frontend's AT_WORK_S, so that a child at work on its requests is seen so
 PROGRESS_BACKDATE_S = 0.1
+# a start-up may go without a beat for this share of its startup_timeout, or the
+# watchdog's timeout if longer: a hang is found after 60 s, not 600 s, for the
+# scheduler, and a start-up that holds its trio thread or the GIL for seconds (a
+# load done in place, CUDA's initialisation) is no hang
+STARTUP_SILENCE_SHARE = 0.1
 MAX_BEAT_INTERVAL_S = 1.0  # a child's timer beats at least this often (see SILENT_AFTER_S)
 _FIELDS = 3  # u64 per child: last beat, handling since, going down since
 _BEAT, _HANDLING, _DOWN = range(_FIELDS)
@@ -85,7 +90,8 @@ class HeartbeatTable:
 
     def stuck_starting(self, slot: int, timeout: float) -> str | None:
         """Why a child in its start-up counts as stuck: it began to beat, then beat no
-        more for ``timeout`` (its trio thread held); None if not (yet)."""
+        more for ``timeout`` (its trio thread held: see STARTUP_SILENCE_SHARE); None
+        if not (yet)."""
         last = int(self._view[_FIELDS * slot + _BEAT])
         silence = (time.monotonic_ns() - last) / 1e9
         return f"no heartbeat for {silence:.2f} s" if last and silence > timeout else None

@@ -131,9 +131,11 @@ class ChildProcess:
             with trio.move_on_after(timeout) as deadline:
                 message = await wire.recv(self._ctl)
             nursery.cancel_scope.cancel()
+        if message is None and why is not None:  # (what it said as it was found stuck)
+            message = wire.recv_buffered(self._ctl)
         if message == ("ready",):
             return
-        if why is not None:
+        if why is not None and message is None:
             await self.kill()
             raise ActorStartupError(
                 f"actor {self.name!r} (pid {self.pid}) stuck in its start-up: {why}"

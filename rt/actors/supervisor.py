@@ -45,7 +45,7 @@ import trio
 
 from rt.actors.boot import ChildBoot
 from rt.actors.faultplan import FaultPlan
-from rt.actors.heartbeat import MAX_BEAT_INTERVAL_S, HeartbeatTable
+from rt.actors.heartbeat import MAX_BEAT_INTERVAL_S, STARTUP_SILENCE_SHARE, HeartbeatTable
 from rt.actors.policy import Backoff, RestartIntensity, affected, should_restart
 from rt.actors.process import ChildProcess, describe_exit, spawn
 from rt.actors.spec import ActorSpec, Restart, Strategy, SupervisorSpec
@@ -291,6 +291,7 @@ class Supervisor:
             await self._start_subtree(child)
             return
         spec, watchdog = child.spec, self._watchdog_timeout(child.spec)
+        silence = max(watchdog, spec.startup_timeout * STARTUP_SILENCE_SHARE)
         self._heartbeats.reset(child.index)  # no beat yet, no requests in hand
         boot = ChildBoot(
             name=spec.name,
@@ -313,7 +314,7 @@ class Supervisor:
                 env=spec.env,
                 startup_timeout=spec.startup_timeout,
                 cpus=spec.cpus,
-                stuck=partial(self._heartbeats.stuck_starting, child.index, watchdog),
+                stuck=partial(self._heartbeats.stuck_starting, child.index, silence),
             )
         except ActorStartupError as err:
             first_line = str(err).partition("\n")[0]  # the traceback follows it

@@ -349,7 +349,8 @@ def http_error(err: errors.RtError, rename: dict[str, str] | None = None) -> HTT
             + (" (or send truncate_prompt_tokens)" if per_request else ""),
         )
         # else the prompt's field, as the endpoint names it (OpenAI's chat: "messages")
-        param = (rename or {}).get(asked or PROMPT)
+        # (a field the endpoint does not rename is a list's: in_batch names its place)
+        param = (rename or {}).get(asked, asked) if asked else (rename or {}).get(PROMPT)
         return HTTPError(400, message, param=param, code="context_length_exceeded")
     if isinstance(err, errors.RequestTooLargeError):
         return HTTPError(413, message)

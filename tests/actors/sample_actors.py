@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -60,6 +61,22 @@ class FailingStartup(Actor):
 class RefusesItsConfig(Actor):
     def __init__(self) -> None:
         raise ConfigError("this actor's options are wrong: size=-1")
+
+
+class ExitsInItsStartup(Idle):
+    async def startup(self, ctx: ActorContext) -> None:
+        sys.exit(3)
+
+
+class BlocksItsStartup(Idle):
+    """Holds its trio thread ``seconds`` in its start-up (a load done in place)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def startup(self, ctx: ActorContext) -> None:
+        time.sleep(self.seconds)
 
 
 class FailsItsFirstStart(Idle):

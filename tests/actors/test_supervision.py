@@ -12,8 +12,10 @@ import time
 import pytest
 import trio
 from sample_actors import (
+    BlocksItsStartup,
     BlocksSigterm,
     ExitAfter,
+    ExitsInItsStartup,
     FailingStartup,
     FailsItsFirstStart,
     Forward,
@@ -126,6 +128,22 @@ async def test_startup_crash_loop_escalates_after_r_restarts() -> None:
     assert status.actor("doomed").restart_count == 2
     assert status.actor("idle").state is ActorState.STOPPED and status.actor("idle").pid is None
     assert status.escalated == message
+
+
+async def test_a_start_up_that_exits_or_holds_its_thread_a_while_is_told_as_before() -> None:
+    """Its start-up beating, in a nursery: sys.exit(3) there came out as an exception
+    group (exit code 1); a load done in place on the trio thread, for less than a
+    tenth of startup_timeout, is no hang whatever the watchdog's timeout."""
+    spec = quick_spec(
+        ActorSpec("exits", ExitsInItsStartup, restart=Restart.TEMPORARY),
+        ActorSpec("slow", BlocksItsStartup, args=(3.0,), startup_timeout=60.0),
+        watchdog_timeout=1.0,
+    )
+    async with open_supervisor(spec) as sup:
+        status = await wait_until(sup, lambda s: s.actor("exits").state is ActorState.FAILED)
+        assert status.actor("exits").last_exit_reason.endswith("(exit code 3)"), status
+        assert status.actor("slow").state is ActorState.RUNNING
+        assert status.actor("slow").restart_count == 0
 
 
 async def test_a_start_up_that_refuses_its_configuration_escalates_at_once() -> None:
@@ -415,13 +433,14 @@ async def test_an_escalation_leaves_the_rings_open_until_the_body_has_exited() -
 
 async def test_a_start_up_stuck_on_its_thread_is_given_up_after_the_watchdogs_timeout() -> None:
     """A start-up that hangs on the child's trio thread stops its beats: it is killed
-    and started again after watchdog_timeout (it was waited for startup_timeout:
-    600 s for the scheduler, with every new request held)."""
+    and started again after a tenth of startup_timeout (the watchdog's timeout if
+    longer); it was waited for startup_timeout: 600 s for the scheduler, with every
+    new request held."""
     rule = {"actor": "a", "point": "startup", "action": "hang", "hang": "sleep", "incarnation": 2}
     plan = FaultPlan.from_dict({"seed": 1, "faults": [rule]})
-    spec = quick_spec(ActorSpec("a", Idle, startup_timeout=300.0), watchdog_timeout=1.0)
+    spec = quick_spec(ActorSpec("a", Idle, startup_timeout=60.0), watchdog_timeout=1.0)
     async with open_supervisor(spec, fault_plan=plan) as sup:
         os.kill(sup.status().actor("a").pid, signal.SIGKILL)  # type: ignore[arg-type]
-        status = await wait_until(sup, is_running("a", 3))  # (TIMEOUT: far below 300 s)
+        status = await wait_until(sup, is_running("a", 3))  # (6 s; TIMEOUT: 20 s, not 60)
     reason = status.actor("a").last_exit_reason or ""
     assert "stuck in its start-up: no heartbeat for" in reason, reason

@@ -552,3 +552,7 @@ def test_a_max_tokens_that_fills_the_context_alone_is_named_not_the_prompt(
     batch = {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 600}}
     error = client.post("/generate", json=batch).json()["error"]
     assert error["param"] == "sampling_params.max_new_tokens", error
+    each = {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 5}, {"max_new_tokens": 600}]}
+    error = client.post("/generate", json=each).json()["error"]
+    assert error["param"] == "sampling_params[1].max_new_tokens", error  # (it was text[1])
+    assert error["message"].startswith("sampling_params[1].max_new_tokens is 600"), error
