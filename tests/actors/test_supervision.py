@@ -431,7 +431,7 @@ async def test_an_escalation_leaves_the_rings_open_until_the_body_has_exited() -
     assert sup.status().escalated is not None
 
 
-async def test_a_start_up_stuck_on_its_thread_is_given_up_after_the_watchdogs_timeout() -> None:
+async def test_a_start_up_stuck_on_its_thread_is_given_up_long_before_its_startup_timeout() -> None:
     """A start-up that hangs on the child's trio thread stops its beats: it is killed
     and started again after a tenth of startup_timeout (the watchdog's timeout if
     longer); it was waited for startup_timeout: 600 s for the scheduler, with every
