@@ -137,9 +137,9 @@ def _report(ctl: socket.socket, crash: tuple[str, str, str]) -> None:
 
 async def _start_up(boot: ChildBoot, ctx: ActorContext) -> Any:
     """Build the actor and run its start-up, beating meanwhile: a start-up stuck on
-    the trio thread stops the beats, and the supervisor gives up on it after the
-    watchdog's timeout, not the start-up's (600 s for the scheduler). Work that
-    takes long (loading a model) runs on a worker thread."""
+    the trio thread stops the beats, and the supervisor gives up on it after a tenth
+    of its startup_timeout (STARTUP_SILENCE_SHARE), not the whole (600 s for the
+    scheduler). Work that takes long (loading a model) runs on a worker thread."""
     error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_beat_forever, ctx, boot.heartbeat_interval)

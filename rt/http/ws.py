@@ -168,11 +168,8 @@ class Connection:
         if isinstance(cid, bool) or not isinstance(cid, str | int):
             cid = None
         # every frame for this id repeats it (an 8 MB id, 256 frames queued: 1 GB)
-        if (
-            len(cid) > MAX_RID_CHARS
-            if isinstance(cid, str)
-            else not INT64_MIN <= (cid or 0) <= INT64_MAX
-        ):
+        too_long = isinstance(cid, str) and len(cid) > MAX_RID_CHARS
+        if too_long or (isinstance(cid, int) and not INT64_MIN <= cid <= INT64_MAX):
             problem = (
                 f"id: expected a string of at most {MAX_RID_CHARS} characters or a 64-bit "
                 f"integer, got {show(cid)}"
