@@ -141,6 +141,15 @@ class ContextOverflowError(RequestError):
     """prompt + max_new_tokens is longer than the model's context or the KV pool."""
 
 
+def no_room_for_prompt(max_new_tokens: int, context_length: int) -> str:
+    """The overflow a prompt cannot fix: max_new_tokens alone fills the context (a
+    prompt is one token at least, cut or not)."""
+    return (
+        f"max_new_tokens is {max_new_tokens}, which leaves no room for the "
+        f"prompt in the context length {context_length}; lower max_new_tokens"
+    )
+
+
 class RequestTooLargeError(RequestError):
     """The request is larger than the server's shared memory can ever carry."""
 

@@ -62,7 +62,7 @@ from typing import Any
 import msgspec
 
 from rt.detok.incremental import DetokParams
-from rt.errors import ContextOverflowError, InvalidRequestError
+from rt.errors import ContextOverflowError, InvalidRequestError, no_room_for_prompt
 from rt.frontend.chat import (
     chat_messages,
     check_unicode,
@@ -184,6 +184,9 @@ def build_request(
             f"add_special_tokens: expected true, false or none, got {show(add_special)}"
         )
     if overflow is not None:
+        if not to_context and context_length and sampling.max_new_tokens >= context_length > 1:
+            # (the fault is max_new_tokens', which no cut of the prompt can help)
+            raise ContextOverflowError(no_room_for_prompt(sampling.max_new_tokens, context_length))
         raise overflow
     return _as_received(
         GenerateRequest(

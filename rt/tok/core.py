@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from rt.errors import ContextOverflowError, InvalidRequestError, RequestError, RequestFailedError
+from rt.errors import (
+    ContextOverflowError,
+    InvalidRequestError,
+    RequestError,
+    RequestFailedError,
+    no_room_for_prompt,
+)
 from rt.gpu.sampling_params import SamplingParams
 from rt.messages import GenerateRequest, Refused, Scheduled, Tokenized
 from rt.tok.timelimit import TimeLimitExceeded, time_limit
@@ -251,12 +257,7 @@ class TokenizerCore:
 
     def _overflow(self, req: GenerateRequest, size: int, sampling: SamplingParams) -> str:
         if not req.to_context and sampling.max_new_tokens >= self.context_length > 1:
-            # (a prompt is one token at least, cut or not: max_new_tokens alone leaves it
-            # no room, and shortening the prompt or cutting it cannot help)
-            return (
-                f"max_new_tokens is {sampling.max_new_tokens}, which leaves no room for the "
-                f"prompt in the context length {self.context_length}; lower max_new_tokens"
-            )
+            return no_room_for_prompt(sampling.max_new_tokens, self.context_length)
         if req.to_context:
             return (
                 f"the prompt has {size} tokens, which leave no room for an answer in the "

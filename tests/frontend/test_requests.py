@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rt.config import EngineOptions
-from rt.errors import InvalidRequestError
+from rt.errors import ContextOverflowError, InvalidRequestError
 from rt.frontend.chat import MAX_JSON_DEPTH, MAX_JSON_VALUES
 from rt.frontend.requests import (
     FLOAT_FIELDS,
@@ -349,6 +349,20 @@ def test_truncate_prompt_tokens_past_the_context_is_refused() -> None:
     with pytest.raises(InvalidRequestError, match=r"at most the context length \(16\).* got 17"):
         build_request("hi", {"truncate_prompt_tokens": 17}, VOCAB, 16)
     assert build_request("hi", {"truncate_prompt_tokens": 16}, VOCAB, 16).keep_last == 16
+
+
+def test_a_prompt_of_ids_over_the_context_is_refused_with_advice_that_helps() -> None:
+    """Its length at fault: shorten it or cut it. max_new_tokens alone filling the
+    context: no cut helps (the advice to set allow_auto_truncate was a dead end)."""
+    ids = list(range(10, 30))
+    with pytest.raises(ContextOverflowError, match=r"20 tokens.*or set allow_auto_truncate$"):
+        build_request(None, {"input_ids": ids, "max_new_tokens": 4}, VOCAB, 16)
+    with pytest.raises(ContextOverflowError) as err:
+        build_request(None, {"input_ids": ids, "max_new_tokens": 16}, VOCAB, 16)
+    assert str(err.value) == (
+        "max_new_tokens is 16, which leaves no room for the prompt in the context "
+        "length 16; lower max_new_tokens"
+    )
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_end() -> None:
