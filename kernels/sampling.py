@@ -16,10 +16,13 @@ tiles, a handful of times:
   row's token does not depend on the rest of the batch.
 
 Exact: the uniforms, the division by temperature, greedy rows, top-k (logits
-without ties). Within rounding: min-p and top-p compare exponentials and sums
+without ties, see below). Within rounding: min-p and top-p compare exponentials and sums
 that round differently from torch's softmax and cumsum, and the Gumbel scores
 use this backend's log, so a token within rounding of a threshold, or two
-scores within rounding of each other, may go the other way.
+scores within rounding of each other, may go the other way. Ties: a token whose
+logit equals that of the last token top-k or top-p keeps is kept as well (the
+floor is a key, not a rank), where the reference's sort keeps only those it
+happens to rank first; so the kernel may draw from a few more tokens there.
 
 The uniforms stay below 1 (23 bits of the hash), so the noise is always
 finite and a dropped (-inf) token never wins, here or in the reference.

@@ -241,6 +241,26 @@ def test_a_top_p_that_float32_rounds_to_0_keeps_the_top_token() -> None:
     assert tokens == sample_ref(*batch).tolist() == [1, 1, 1]
 
 
+def test_tokens_tied_with_the_last_kept_are_kept_too() -> None:
+    """The floor is a key, not a rank (the module's docstring): with two tokens tied
+    at the top and a top_p the first alone covers, both are drawn, where the sort's
+    reference keeps one of them."""
+    rows = 32
+    probs = torch.tensor([0.05, 0.40, 0.10, 0.40, 0.05])
+    batch = (
+        torch.log(probs).repeat(rows, 1),
+        torch.ones(rows),
+        torch.zeros(rows, dtype=torch.int64),
+        torch.full((rows,), 0.1),
+        torch.zeros(rows),
+        torch.arange(rows),
+        torch.zeros(rows, dtype=torch.int64),
+    )
+    tokens = sample_tokens(*(t.to(DEVICE) for t in batch)).cpu().tolist()
+    assert set(tokens) == {1, 3}, tokens
+    assert len(set(sample_ref(*batch).tolist())) == 1
+
+
 def test_launcher_checks_dtypes_and_shapes() -> None:
     logits, *rest = (t.to(DEVICE) for t in _batch(64, ROWS[:2], 5))
     with pytest.raises(AssertionError, match="seeds"):
