@@ -331,7 +331,8 @@ class RequestTable:
             group = [self.records.get(rid) for rid in self.held.popleft()]
             live = [r for r in group if r is not None and not r.finished]
             if live:
+                now = time.monotonic()  # its wait held back is no stall: its clock restarts
                 for record in live:
-                    record.held = False
+                    record.held, record.progress_at = False, now
                 return live
         return []

@@ -3,6 +3,8 @@ attempt), and isolates the request that crashes the scheduler."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -144,6 +146,25 @@ def test_suspects_are_halved_until_the_culprit_is_alone_and_only_it_fails(
         table.next_group()
     assert not table.held and not table.isolating
     assert all(not r.error for rid, r in table.records.items() if rid != culprit)
+
+
+def test_a_group_readmitted_starts_its_stall_clock_again(table) -> None:
+    """A group held back while suspects are told apart waited by design: readmitted
+    with its old progress_at, the stall watch took it for stalled at once and sent
+    a copy (a warning, a redrive) before the scheduler had seen it."""
+    for rid in "bcd":
+        add(table, rid)
+    table.on_scheduler_crash()
+    table.on_scheduler_crash()  # a repeat: half of them held back
+    held = [r for r in table.live() if r.held]
+    assert held, "a repeat crash holds some back"
+    for record in table.live():
+        record.progress_at = 0.0  # long ago
+    for record in [r for r in table.live() if not r.held]:
+        run_to_end(table, record)
+    before = time.monotonic()
+    readmitted = table.next_group()
+    assert readmitted and all(r.progress_at >= before for r in readmitted)
 
 
 def test_a_request_alone_in_the_scheduler_is_blamed() -> None:
