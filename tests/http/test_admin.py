@@ -233,8 +233,10 @@ async def test_abort_request_by_rid(default_server: Server) -> None:
         last = json.loads(events[-2])
         assert last["meta_info"]["finish_reason"]["type"] == "abort"
         assert 0 < len(last["output_ids"]) < 400
+        # none in flight (it ended): 200 as SGLang's, the call of a client that aborts
+        # on its timeout, racing the request's end, must not fail
         missing = await client.post("/abort_request", json={"rid": "to-abort"})
-        assert missing.status_code == 404
+        assert missing.status_code == 200 and missing.json() == {"aborted": 0}
         with trio.fail_after(10):
             while (
                 metrics(default_server).get("rt_aborted_requests_total{cause=abort_request}", 0)
@@ -530,9 +532,9 @@ async def test_abort_request_by_a_prefix_of_rids_clients_chose_aborts_nothing(
             while metrics(default_server).get("rt_num_running_reqs{}", 0) < 2:
                 await trio.sleep(0.05)
             missing = await client.post("/abort_request", json={"rid": "job"})
-            assert missing.status_code == 404, missing.text
+            assert missing.json() == {"aborted": 0}, missing.text
             huge = await client.post("/abort_request", json={"rid": "j" * 500_000})
-            assert huge.status_code == 404 and len(huge.text) < 500  # the rid cut short
+            assert huge.json() == {"aborted": 0}, huge.text[:200]
         assert done == {"job-1": "length", "job-2": "length"}
 
 
