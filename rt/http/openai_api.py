@@ -100,7 +100,8 @@ def check_model(front: Front, model: str | None) -> None:
 def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) -> dict[str, Any]:
     """The engine's keyword options for the sampling fields of an OpenAI body."""
     check_model(front, req.model)
-    if req.stream_options is not None and not req.stream:
+    if req.stream_options is not None and req.stream_options.model_fields_set and not req.stream:
+        # (an empty one asks nothing: vLLM takes it, as its clients send it by default)
         raise HTTPError(400, "stream_options: only with stream=true", param="stream_options")
     trim = {req.include_stop_str_in_output, req.no_stop_trim} - {None}
     if len(trim) > 1:
@@ -454,13 +455,15 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     # no tools, or none to call (tool_choice "none": the tools are left out of the
     # prompt, as vLLM's --exclude-tools-when-tool-choice-none does)
     idle = req.tool_choice == "none" or (req.tool_choice is None and not req.tools)
+    if req.tools == [] and req.tool_choice in ("auto", "required"):
+        idle = True  # an empty list of tools: none to call, as vLLM takes it
     if req.tools is not None and not isinstance(req.tools, list):
         raise HTTPError(
             400, f"tools: expected a list of tools, got {show(req.tools)}", param="tools"
         )
     for name in ("tools", "tool_choice", "functions", "function_call"):
         value = getattr(req, name)
-        if value not in (None, [], "none") and not (name == "tools" and idle):
+        if value not in (None, [], "none") and not (name in ("tools", "tool_choice") and idle):
             raise HTTPError(
                 400,
                 f"{name}: not supported (rt has no tool calling yet); tool_choice 'none' "
@@ -482,7 +485,7 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
             f"response_format: only {{'type': 'text'}} is supported, got {show(req.response_format)}",
             param="response_format",
         )
-    if req.top_logprobs is not None and not req.logprobs:
+    if req.top_logprobs and not req.logprobs:  # (0, vLLM's default, asks for nothing)
         raise HTTPError(400, "top_logprobs: only with logprobs=true", param="top_logprobs")
     as_ids = bool(req.return_tokens_as_token_ids)
     max_tokens = (

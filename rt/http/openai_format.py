@@ -38,7 +38,11 @@ class ChunkUsage:
     the last chunk has it), or the choice's so far (``continuous_usage_stats`` too)."""
 
     def __init__(self, options: Any) -> None:
-        self.last = bool(options is not None and options.include_usage)
+        # vLLM's continuous_usage_stats alone implies include_usage (its default is true)
+        self.last = options is not None and (
+            bool(options.include_usage)
+            or (options.include_usage is None and bool(options.continuous_usage_stats))
+        )
         self.continuous = self.last and bool(options.continuous_usage_stats)
 
     def __call__(self, result: Result | None = None, seq: Seq | None = None) -> dict[str, Any]:

@@ -88,7 +88,8 @@ class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = Field(
-        default=None, description="with include_usage: each chunk's usage so far (vLLM)"
+        default=None,
+        description="each chunk's usage so far (vLLM's; implies include_usage unless it is false)",
     )
     include_obfuscation: bool | None = Field(
         default=None, description="accepted and ignored: rt pads no events"

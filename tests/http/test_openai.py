@@ -386,6 +386,18 @@ def test_fields_that_ask_for_nothing_rt_lacks_are_accepted(client: openai.OpenAI
         extra_body={"audio": None, "web_search_options": None, "min_tokens": 2},
     )
     assert out.choices[0].message.content
+    for choice in ("auto", "required"):  # an empty tool list: none to call, as vLLM takes it
+        out = client.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            max_tokens=2,
+            tools=[],
+            tool_choice=choice,
+            top_logprobs=0,  # (vLLM's default: asks for no logprobs)
+            stream_options={},  # (not streaming: an empty one asks nothing)
+            extra_body={"min_tokens": 2},
+        )
+        assert out.choices[0].message.content and out.choices[0].logprobs is None
     chunks = list(
         client.chat.completions.create(
             model=model,
@@ -436,8 +448,11 @@ def test_fields_that_ask_for_nothing_rt_lacks_are_accepted(client: openai.OpenAI
 def test_continuous_usage_stats_put_each_choices_usage_so_far_on_every_chunk(
     client: openai.OpenAI, chat: bool
 ) -> None:
-    """vLLM's ``stream_options.continuous_usage_stats`` (it was an unknown field)."""
-    options: Any = {"include_usage": True, "continuous_usage_stats": True}
+    """vLLM's ``stream_options.continuous_usage_stats`` (it was an unknown field);
+    alone, it implies include_usage, as vLLM's default (no usage came at all)."""
+    options: Any = {"continuous_usage_stats": True}
+    if not chat:
+        options["include_usage"] = True
     kwargs: Any = {"model": model_id(client), "max_tokens": 5, "n": 2, "stream": True}
     kwargs["extra_body"] = {"ignore_eos": True}  # (5 tokens each, whatever they are)
     if chat:
