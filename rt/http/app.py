@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rt.http import admin, native, openai_api, tokenize, ws
+from rt.http import admin, native, openai_api, openai_chat, tokenize, ws
 from rt.http.asgi import (
     DRAIN_LIMIT,
     ClientDisconnected,
@@ -55,7 +55,7 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("PUT", "/generate"): Route(native.generate, "Alias of POST /generate (SGLang)", body=True),
     ("POST", "/v1/completions"): Route(openai_api.completions, "OpenAI completions", body=True),
     ("POST", "/v1/chat/completions"): Route(
-        openai_api.chat_completions, "OpenAI chat completions", body=True
+        openai_chat.chat_completions, "OpenAI chat completions", body=True
     ),
     ("GET", "/v1/models"): Route(openai_api.models, "The served model"),
     ("POST", "/tokenize"): Route(tokenize.tokenize, "Text to token ids", body=True),

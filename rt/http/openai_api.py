@@ -1,4 +1,5 @@
-"""The OpenAI API: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+"""The OpenAI API: ``/v1/completions`` and ``/v1/models`` here, what they share with
+``/v1/chat/completions`` (in :mod:`rt.http.openai_chat`) too.
 
 Bodies and answers as OpenAI defines them, so the official client works
 unchanged; where rt adds something it is what vLLM and SGLang add
@@ -15,7 +16,6 @@ from typing import Any
 
 import trio
 
-from rt.gpu.sampling_params import show
 from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta
@@ -24,13 +24,12 @@ from rt.http.generation import Job, Result, Seq, check_batch_rid, run
 from rt.http.openai_format import (
     ChunkUsage,
     TextCursor,
-    chat_logprobs,
     completion_logprobs,
     echo_logprobs,
     usage,
     with_echo,
 )
-from rt.http.schemas import ChatCompletionRequest, CompletionRequest, OpenAISampling
+from rt.http.schemas import CompletionRequest, OpenAISampling
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _SAMPLING = {
@@ -130,7 +129,7 @@ def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) ->
     return options
 
 
-def _jobs(
+def prompt_jobs(
     prompts: list[Any], options: dict[str, Any], base: str, listed: bool = False
 ) -> list[Job]:
     """``listed``: the body's prompt is a list of prompts (of one, even: an error
@@ -162,7 +161,7 @@ def _check_ids(prompts: list[Any], vocab_size: int, listed: bool) -> None:
             )
 
 
-def _finish(seq: Seq, result: Result) -> str | None:
+def choice_finish(seq: Seq, result: Result) -> str | None:
     return seq.finish_reason or ("abort" if result.aborted else None)
 
 
@@ -225,7 +224,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
     listed = isinstance(req.prompt, list) and not isinstance(req.prompt[0], int)
-    jobs = _jobs(prompts, options, req.rid or cid, listed)
+    jobs = prompt_jobs(prompts, options, req.rid or cid, listed)
     for job in jobs:
         job.prompt_only = prompt_only
     echoes = [""] * len(prompts)
@@ -282,23 +281,12 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                     )
                     if req.logprobs is not None
                     else None,
-                    "finish_reason": _finish(seq, result),
+                    "finish_reason": choice_finish(seq, result),
                     "matched_stop": seq.matched_stop,
                     "stop_reason": stop_reason(front, req, seq),
                 }
             )
     await ex.json({**head, "choices": choices, "usage": usage(results)})
-
-
-def _message(message: Any) -> dict[str, Any]:
-    """A chat message for the engine: a field set to null is not there, but for
-    ``content`` (refused by name: rt has no tool calls to stand in for it)."""
-    given = {name: getattr(message, name) for name in type(message).model_fields}
-    given.update(message.model_extra or {})  # (shallow: model_dump copied every value
-    out = {k: v for k, v in given.items() if v is not None}  # of a 15 MiB content: 3 s)
-    if "content" not in out and "content" in message.model_fields_set:
-        out["content"] = None
-    return out
 
 
 def _echoes(front: Front, prompts: list[Any], cut: bool) -> list[str]:
@@ -412,179 +400,6 @@ async def _stream_completions(
                             **extra(result, seq),
                         }
                     )
-        if extra.last:
-            events.append({**head, "choices": [], "usage": usage(results)})
-        return events
-
-    await sse.stream(ex, front, jobs, events_of, tail_of, rename)
-
-
-# ---- /v1/chat/completions --------------------------------------------------------------
-
-
-def template_variables(req: ChatCompletionRequest) -> dict[str, Any] | None:
-    """The chat template's variables, as vLLM gives them: ``add_generation_prompt``,
-    ``continue_final_message`` and ``reasoning_effort`` from the body's fields,
-    then ``chat_template_kwargs``, which wins (the engine checks them all)."""
-    given = {
-        name: getattr(req, name)
-        for name in ("add_generation_prompt", "continue_final_message", "reasoning_effort")
-        if getattr(req, name) is not None
-    }
-    if req.chat_template_kwargs is None and not given:
-        return None
-    merged = {**given, **(req.chat_template_kwargs or {})}
-    kwargs = req.chat_template_kwargs or {}
-    if merged.get("continue_final_message") is True and merged.get("add_generation_prompt") is True:
-        # (named where the body sets them: the engine's message names chat_template_kwargs)
-        name = next(
-            (f for f in ("continue_final_message", "add_generation_prompt") if f not in kwargs),
-            "chat_template_kwargs",
-        )
-        raise HTTPError(
-            400,
-            f"{name}: continue_final_message goes on with the last message, "
-            "add_generation_prompt starts a new one; expected at most one of them true",
-            param=name,
-        )
-    return merged
-
-
-async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
-    req = await front.parse(ChatCompletionRequest, body)
-    # no tools, or none to call (tool_choice "none": the tools are left out of the
-    # prompt, as vLLM's --exclude-tools-when-tool-choice-none does)
-    idle = req.tool_choice == "none" or (req.tool_choice is None and not req.tools)
-    if req.tools == [] and req.tool_choice in ("auto", "required"):
-        idle = True  # an empty list of tools: none to call, as vLLM takes it
-    if req.tools is not None and not isinstance(req.tools, list):
-        raise HTTPError(
-            400, f"tools: expected a list of tools, got {show(req.tools)}", param="tools"
-        )
-    for name in ("tools", "tool_choice", "functions", "function_call"):
-        value = getattr(req, name)
-        if value not in (None, [], "none") and not (name in ("tools", "tool_choice") and idle):
-            raise HTTPError(
-                400,
-                f"{name}: not supported (rt has no tool calling yet); tool_choice 'none' "
-                "with tools is served, without them",
-                param=name,
-            )
-    for name, what in (("audio", "audio output"), ("web_search_options", "web search")):
-        if getattr(req, name) is not None:
-            raise HTTPError(400, f"{name}: not supported (rt has no {what})", param=name)
-    if req.modalities is not None and req.modalities != ["text"]:
-        raise HTTPError(
-            400,
-            f"modalities: only ['text'] is supported, got {show(req.modalities)}",
-            param="modalities",
-        )
-    if req.response_format is not None and req.response_format != {"type": "text"}:
-        raise HTTPError(
-            400,
-            f"response_format: only {{'type': 'text'}} is supported, got {show(req.response_format)}",
-            param="response_format",
-        )
-    if req.top_logprobs and not req.logprobs:  # (0, vLLM's default, asks for nothing)
-        raise HTTPError(400, "top_logprobs: only with logprobs=true", param="top_logprobs")
-    as_ids = bool(req.return_tokens_as_token_ids)
-    max_tokens = (
-        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    )
-    options = engine_options(front, req, max_tokens)
-    options.setdefault("max_new_tokens", None)  # as OpenAI: the room the prompt leaves
-    options["messages"] = [_message(m) for m in req.messages]
-    variables = template_variables(req)
-    if variables is not None:
-        options["chat_template_kwargs"] = variables
-    if req.logprobs:
-        options["logprobs"] = True
-        options["top_logprobs"] = req.top_logprobs or 0
-        await front.tokens.ensure()
-    cid = f"chatcmpl-{req.rid or uuid.uuid4().hex}"
-    jobs = _jobs([None], options, req.rid or cid)
-    limit_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    rename = {"max_new_tokens": limit_name, "min_new_tokens": "min_tokens", PROMPT: "messages"}
-    head = {
-        "id": cid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": served_name(front),
-    }
-    if req.stream:
-        await _stream_chat(
-            front, ex, req, jobs, {**head, "object": "chat.completion.chunk"}, rename
-        )
-        return
-    async with ex.cancel_on_disconnect():
-        results = await run(front, jobs, rename=rename)
-    if ex.disconnected:
-        return
-    result = results[0]
-    choices = [
-        {
-            "index": j,
-            "message": {"role": "assistant", "content": seq.text},
-            "logprobs": chat_logprobs(front, seq.output_ids, seq.logprobs, seq.top_logprobs, as_ids)
-            if req.logprobs
-            else None,
-            "finish_reason": _finish(seq, result),
-            "matched_stop": seq.matched_stop,
-            "stop_reason": stop_reason(front, req, seq),
-        }
-        for j, seq in enumerate(result.seqs)
-    ]
-    await ex.json({**head, "choices": choices, "usage": usage(results)})
-
-
-async def _stream_chat(
-    front: Front,
-    ex: Exchange,
-    req: ChatCompletionRequest,
-    jobs: list[Job],
-    head: dict[str, Any],
-    rename: dict[str, str],
-) -> None:
-    started: set[int] = set()
-    extra = ChunkUsage(req.stream_options)
-    as_ids = bool(req.return_tokens_as_token_ids)
-
-    def opening(j: int, result: Result) -> list[Any]:
-        """A choice's first chunk: its role alone, as OpenAI's and vLLM's."""
-        if j in started:
-            return []
-        started.add(j)
-        choice = {"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-        none = {"finish_reason": None, "matched_stop": None, "stop_reason": None}
-        return [{**head, "choices": [choice | none], **extra(result, Seq())}]
-
-    def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
-        events = opening(delta.index, result)
-        message: dict[str, Any] = {"content": delta.text}
-        logprobs = None
-        if req.logprobs:
-            logprobs = chat_logprobs(
-                front, delta.output_ids, delta.logprobs or (), delta.top_logprobs or (), as_ids
-            )
-        seq = result.seqs[delta.index]
-        choice = {
-            "index": delta.index,
-            "delta": message,
-            "logprobs": logprobs,
-            "finish_reason": delta.finish_reason,
-            "matched_stop": seq.matched_stop if delta.finish_reason else None,
-            "stop_reason": stop_reason(front, req, seq) if delta.finish_reason else None,
-        }
-        return [*events, {**head, "choices": [choice], **extra(result, seq)}]
-
-    def tail_of(results: list[Result]) -> list[Any]:
-        result = results[0]
-        events: list[Any] = []
-        for j, seq in enumerate(result.seqs):
-            if seq.finish_reason is None and result.aborted:
-                choice = {"index": j, "delta": {}, "logprobs": None, "finish_reason": "abort"}
-                events += opening(j, result)
-                events.append({**head, "choices": [choice], **extra(result, seq)})
         if extra.last:
             events.append({**head, "choices": [], "usage": usage(results)})
         return events
