@@ -118,6 +118,11 @@ class EngineStream:
         return tuple(int(t) for t in ids)
 
     @property
+    def input_ids(self) -> Any:
+        """The prompt's ids as the model reads them (an array), from the first chunk on."""
+        return self._stream.input_ids
+
+    @property
     def cached_tokens(self) -> int:
         meta = self._stream.meta
         return 0 if meta is None else meta.cached_tokens

@@ -61,6 +61,7 @@ class Result:
     aborted: str | None = None  # why, when it was aborted before its end
     prompt: Prompt | None = None  # with prompt logprobs, when asked for
     kept_ids: tuple[int, ...] | None = None  # the prompt the model read, when its start was cut
+    input_ids: Any = None  # the prompt's ids the model read (an array), from the first chunk
 
     def elapsed(self) -> float:
         return self.e2e_latency or time.monotonic() - self.arrived
@@ -239,6 +240,8 @@ async def _run_one(
                             admission.ended(stream)  # its room is free: the engine is done
                         if result.kept_ids is None:
                             result.kept_ids = stream.kept_ids
+                        if result.input_ids is None:
+                            result.input_ids = stream.input_ids
                         result.prompt_tokens = stream.prompt_tokens
                         result.cached_tokens = stream.cached_tokens
                         if taken is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from rt.gpu.sampling_params import show
 from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta
@@ -26,6 +27,8 @@ from rt.http.openai_format import (
     TextCursor,
     completion_logprobs,
     echo_logprobs,
+    prompt_token_ids,
+    token_ids,
     usage,
     with_echo,
 )
@@ -99,6 +102,15 @@ def check_model(front: Front, model: str | None) -> None:
 def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) -> dict[str, Any]:
     """The engine's keyword options for the sampling fields of an OpenAI body."""
     check_model(front, req.model)
+    if req.request_id is not None:  # vLLM's name for rid
+        if req.rid is not None and req.rid != req.request_id:
+            raise HTTPError(
+                400,
+                "request_id and rid (one option, vLLM's and SGLang's names): expected one "
+                f"value, got {show(req.request_id)} and {show(req.rid)}",
+                param="request_id",
+            )
+        req.rid = req.request_id
     if req.stream_options is not None and req.stream_options.model_fields_set and not req.stream:
         # (an empty one asks nothing: vLLM takes it, as its clients send it by default)
         raise HTTPError(400, "stream_options: only with stream=true", param="stream_options")
@@ -284,6 +296,8 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                     "finish_reason": choice_finish(seq, result),
                     "matched_stop": seq.matched_stop,
                     "stop_reason": stop_reason(front, req, seq),
+                    **token_ids(req.return_token_ids, seq.output_ids),
+                    **prompt_token_ids(req.return_token_ids, result),
                 }
             )
     await ex.json({**head, "choices": choices, "usage": usage(results)})
@@ -342,8 +356,15 @@ async def _stream_completions(
     spaced = _spaced(req, skip_special)
 
     def choice(
-        index: int, text: str, seq: Seq, delta: Delta | None, finish: str | None, echo: Any = None
+        index: int,
+        text: str,
+        seq: Seq,
+        delta: Delta | None,
+        finish: str | None,
+        echo: Any = None,
+        first: Result | None = None,
     ) -> Any:
+        """One choice of a chunk (``first``: its request's, on the choice's first)."""
         logprobs = None
         if req.logprobs is not None and delta is not None:
             # (the next offset: text held back for a stop string is no matter)
@@ -370,12 +391,15 @@ async def _stream_completions(
             "finish_reason": finish,
             "matched_stop": seq.matched_stop if finish else None,
             "stop_reason": stop_reason(front, req, seq) if finish else None,
+            **token_ids(req.return_token_ids, () if delta is None else delta.output_ids),
+            **(prompt_token_ids(req.return_token_ids, first) if first is not None else {}),
         }
 
     def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
         index = i * n + delta.index
-        text, echo = delta.text, None
+        text, echo, first = delta.text, None, None
         if index not in offsets:
+            first = result
             _echo_kept(front, echoes, i, result)
             text = echoes[i] + text
             offsets[index] = TextCursor(len(echoes[i]))
@@ -383,7 +407,7 @@ async def _stream_completions(
         seq = result.seqs[delta.index]
         event = {
             **head,
-            "choices": [choice(index, text, seq, delta, delta.finish_reason, echo)],
+            "choices": [choice(index, text, seq, delta, delta.finish_reason, echo, first)],
             **extra(result, seq),
         }
         return [event]

@@ -14,7 +14,7 @@ from rt.http.engine_port import Delta
 from rt.http.front import PROMPT, Front
 from rt.http.generation import Job, Result, Seq, run
 from rt.http.openai_api import choice_finish, engine_options, prompt_jobs, served_name, stop_reason
-from rt.http.openai_format import ChunkUsage, chat_logprobs, usage
+from rt.http.openai_format import ChunkUsage, chat_logprobs, prompt_token_ids, token_ids, usage
 from rt.http.schemas import ChatCompletionRequest
 
 
@@ -138,10 +138,12 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
             "finish_reason": choice_finish(seq, result),
             "matched_stop": seq.matched_stop,
             "stop_reason": stop_reason(front, req, seq),
+            **token_ids(req.return_token_ids, seq.output_ids),
         }
         for j, seq in enumerate(result.seqs)
     ]
-    await ex.json({**head, "choices": choices, "usage": usage(results)})
+    prompt = prompt_token_ids(req.return_token_ids, result)
+    await ex.json({**head, "choices": choices, "usage": usage(results), **prompt})
 
 
 async def _stream_chat(
@@ -160,10 +162,13 @@ async def _stream_chat(
         """A choice's first chunk: its role alone, as OpenAI's and vLLM's."""
         if j in started:
             return []
+        # (the stream's first chunk has the prompt's ids, when asked: vLLM's)
+        prompt = prompt_token_ids(req.return_token_ids, result) if not started else {}
         started.add(j)
         choice = {"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
         none = {"finish_reason": None, "matched_stop": None, "stop_reason": None}
-        return [{**head, "choices": [choice | none], **extra(result, Seq())}]
+        none |= token_ids(req.return_token_ids, ())
+        return [{**head, "choices": [choice | none], **extra(result, Seq()), **prompt}]
 
     def events_of(i: int, delta: Delta, result: Result) -> list[Any]:
         events = opening(delta.index, result)
@@ -181,6 +186,7 @@ async def _stream_chat(
             "finish_reason": delta.finish_reason,
             "matched_stop": seq.matched_stop if delta.finish_reason else None,
             "stop_reason": stop_reason(front, req, seq) if delta.finish_reason else None,
+            **token_ids(req.return_token_ids, delta.output_ids),
         }
         return [*events, {**head, "choices": [choice], **extra(result, seq)}]
 

@@ -33,6 +33,19 @@ def seq_usage(result: Result, seq: Seq) -> dict[str, Any]:
     }
 
 
+def token_ids(asked: bool | None, ids: Sequence[int]) -> dict[str, Any]:
+    """vLLM's ``return_token_ids``: a choice's token ids (a chunk's new ones)."""
+    return {"token_ids": list(ids)} if asked else {}
+
+
+def prompt_token_ids(asked: bool | None, result: Result) -> dict[str, Any]:
+    """vLLM's ``return_token_ids``: the prompt's ids, as the model read them."""
+    if not asked:
+        return {}
+    ids = result.input_ids
+    return {"prompt_token_ids": None if ids is None else ids.tolist()}
+
+
 class ChunkUsage:
     """What each chunk of a stream says of usage: nothing, ``null`` (``include_usage``:
     the last chunk has it), or the choice's so far (``continuous_usage_stats`` too)."""

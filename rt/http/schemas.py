@@ -152,6 +152,13 @@ class OpenAISampling(BaseModel):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     rid: str | None = Field(default=None, description="the request id, for /abort_request")
+    request_id: str | None = Field(default=None, description="the same, vLLM's name")
+    return_token_ids: bool | None = Field(
+        default=None,
+        description="vLLM's: each choice's token ids (token_ids) and the prompt's "
+        "(prompt_token_ids) beside the text; a stream sends each chunk's new ids, "
+        "and the prompt's in its first chunk",
+    )
     priority: Int | None = None
     add_special_tokens: bool | None = Field(
         default=None,

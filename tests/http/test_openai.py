@@ -588,3 +588,50 @@ def test_stop_reason_names_the_stop_that_ended_a_choice(client: openai.OpenAI) -
     word = (said or "").split()[1]
     chat = client.chat.completions.create(**chat_kwargs, max_tokens=12, stop=[word])
     assert chat.choices[0].stop_reason == word  # type: ignore[attr-defined]
+
+
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids(client: openai.OpenAI) -> None:
+    """vLLM's ``return_token_ids`` (RL and agent frameworks read it; it was a 400):
+    each choice's ``token_ids`` and the prompt's ``prompt_token_ids`` as the model
+    read them; a stream sends each chunk's new ids and the prompt's in its first."""
+    model, ids = model_id(client), [5, 6, 7, 8, 9]
+    kwargs: Any = {"model": model, "max_tokens": 6, "temperature": 0}
+    kwargs["extra_body"] = {"return_token_ids": True, "ignore_eos": True}
+    whole = client.completions.create(prompt=ids, **kwargs).model_dump()
+    (choice,) = whole["choices"]
+    assert choice["prompt_token_ids"] == ids and len(choice["token_ids"]) == 6
+    chunks = [c.model_dump() for c in client.completions.create(prompt=ids, stream=True, **kwargs)]
+    streamed = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert streamed == choice["token_ids"]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == ids
+    assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
+
+    chat = client.chat.completions.create(messages=MESSAGES, **kwargs).model_dump()
+    assert len(chat["prompt_token_ids"]) == chat["usage"]["prompt_tokens"]
+    assert len(chat["choices"][0]["token_ids"]) == 6
+    stream = client.chat.completions.create(messages=MESSAGES, stream=True, **kwargs)
+    chunks = [c.model_dump() for c in stream]
+    assert chunks[0]["prompt_token_ids"] == chat["prompt_token_ids"]
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == chat["choices"][0][
+        "token_ids"
+    ]
+    plain = client.completions.create(prompt=ids, model=model, max_tokens=1).model_dump()
+    assert "token_ids" not in plain["choices"][0]  # (not asked: not there)
+
+
+def test_request_id_is_the_rid_by_vllms_name(client: openai.OpenAI) -> None:
+    model = model_id(client)
+    out = client.completions.create(
+        model=model, prompt="x", max_tokens=1, extra_body={"request_id": "mine"}
+    )
+    assert out.id == "cmpl-mine"
+    same = {"request_id": "mine2", "rid": "mine2"}
+    chat = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=1, extra_body=same
+    )
+    assert chat.id == "chatcmpl-mine2"
+    with pytest.raises(openai.BadRequestError, match="request_id and rid") as err:
+        client.completions.create(
+            model=model, prompt="x", max_tokens=1, extra_body={"request_id": "a", "rid": "b"}
+        )
+    assert err.value.param == "request_id"
