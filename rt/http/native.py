@@ -133,6 +133,7 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
     jobs = []
     for i, (prompt, params) in enumerate(zip(prompts, per_prompt, strict=True)):
         options = params.model_dump(exclude_none=True)
+        _sampling_seed(options, params_where_of(sampling, i))
         options["allow_auto_truncate"] = front.settings.allow_auto_truncate
         prompt_only = options.get("max_new_tokens") == 0
         if prompt_only:  # SGLang's prefill alone (a prefix cached, a prompt scored)
@@ -163,6 +164,20 @@ def build_jobs(front: Front, req: GenerateRequest) -> tuple[list[Job], bool]:
 def params_where_of(sampling: Any, i: int) -> str:
     """Where prompt i's sampling parameters are in the body."""
     return f"sampling_params[{i}]" if isinstance(sampling, list) else "sampling_params"
+
+
+def _sampling_seed(options: dict[str, Any], where: str) -> None:
+    """SGLang's ``sampling_seed`` is the seed by its name (one value, if both)."""
+    if "sampling_seed" not in options:
+        return
+    seed = options.pop("sampling_seed")
+    if options.setdefault("seed", seed) != seed:
+        raise HTTPError(
+            400,
+            f"{where}.sampling_seed and {where}.seed (one option, SGLang's and rt's names): "
+            f"expected one value, got {seed} and {options['seed']}",
+            param=f"{where}.sampling_seed",
+        )
 
 
 def _prompt_only(options: dict[str, Any], where: str) -> None:

@@ -81,6 +81,7 @@ class SamplingParams(BaseModel):
     seed: Int | None = Field(
         default=None, description="the sampling seed; each of the n samples derives its own"
     )
+    sampling_seed: Int | None = Field(default=None, description="the same, SGLang's name")
     logit_bias: Annotated[dict[str, float], FAST] | None = None
 
 

@@ -105,6 +105,24 @@ def test_n2_gives_a_list(default_server: Server) -> None:
     assert outs[0]["output_ids"] != outs[1]["output_ids"]
 
 
+def test_sampling_seed_is_the_seed_by_sglangs_name(default_server: Server) -> None:
+    """SGLang's ``sampling_params.sampling_seed`` (it was a 400): the draws of that
+    seed; with ``seed`` as well, one value."""
+    params = {"max_new_tokens": 8, "temperature": 1.0}
+    outs = [
+        generate(default_server, {"text": "And God said", "sampling_params": {**params, **p}})
+        for p in ({"seed": 11}, {"sampling_seed": 11}, {"sampling_seed": 12}, {"seed": 12})
+    ]
+    ids = [o["output_ids"] for o in outs]
+    assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]
+    both = {"text": "x", "sampling_params": {"sampling_seed": 1, "seed": 2}}
+    refused = httpx.post(f"{default_server.url}/generate", json=both, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "sampling_params.sampling_seed", error
+    assert "got 1 and 2" in error["message"], error
+
+
 def test_stream(default_server: Server) -> None:
     whole = generate(default_server, {"text": "And God said", "sampling_params": GREEDY})
     streamed = events(
