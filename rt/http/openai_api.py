@@ -82,6 +82,13 @@ async def models(front: Front, ex: Exchange, model_id: str | None = None) -> Non
     if model_id is None:
         await ex.json({"object": "list", "data": [card]})
         return
+    if not model_id:  # (a body's "" is no model, as vLLM's; a path's names none)
+        raise HTTPError(
+            404,
+            f"expected a model id after /v1/models/; this server serves {served_name(front)!r}",
+            param="model",
+            code="model_not_found",
+        )
     check_model(front, model_id)
     await ex.json(card)
 

@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from serverlib import Server
@@ -33,6 +34,8 @@ def test_models_list_and_retrieve(client: openai.OpenAI) -> None:
     assert client.models.retrieve(card["id"]).id == card["id"]
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("no-such-model")
+    empty = httpx.get(f"{str(client.base_url).rstrip('/')}/models/")  # (the card was served)
+    assert empty.status_code == 404 and "expected a model id" in empty.text, empty.text
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
 
