@@ -223,9 +223,8 @@ class TokenizerCore:
         sampling = req.sampling
         if req.to_context:  # max_new_tokens: the room the prompt leaves
             room = self.context_length - len(ids)
-            if room < 1 and req.allow_auto_truncate:  # the prompt is cut: room for the
-                # default, at most half the context (a small one kept a 1-token prompt)
-                room = min(SamplingParams.max_new_tokens, max(self.context_length // 2, 1))
+            if room < 1 and req.allow_auto_truncate:  # the prompt is cut: room for the default
+                room = min(SamplingParams.max_new_tokens, self.context_length - 1)
             sampling = dataclasses.replace(sampling, max_new_tokens=max(room, 1))
             if room >= 1 and sampling.min_new_tokens > room:
                 raise ContextOverflowError(

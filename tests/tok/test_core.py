@@ -102,19 +102,6 @@ def test_context_overflow_is_refused_or_truncated(core, tokenizer) -> None:
     assert refused.message.endswith("; lower max_new_tokens"), refused.message
 
 
-def test_a_prompt_cut_to_the_context_leaves_room_for_the_default_answer(tokenizer) -> None:
-    """max_new_tokens from the room the prompt leaves, the prompt too long for any:
-    the cut leaves room for the default 128 tokens, at most half the context (a
-    context of 128 kept a 1-token prompt, which no answer could follow)."""
-    long = tuple(10 + i % 50 for i in range(400))
-    for context, answer in ((256, 128), (128, 64), (2, 1)):
-        core = TokenizerCore(tokenizer, context_length=context, vocab_size=len(tokenizer))
-        req = GenerateRequest("c", input_ids=long, allow_auto_truncate=True, to_context=True)
-        ((sched, tok),) = core.process([req])
-        assert sched.sampling.max_new_tokens == answer and tok.max_new_tokens == answer
-        assert sched.input_ids.tolist() == list(long[-(context - answer) :])
-
-
 def test_a_prompt_that_fills_the_context_is_not_said_to_be_over_it(core) -> None:
     one = SamplingParams(max_new_tokens=1)
     said = {}
