@@ -190,7 +190,7 @@ class Stream:
 
     def close(self) -> None:
         """Stop: abort the request if it has not finished. A stream closed before
-        its first chunk takes its counts from the table (its prompt's tokens)."""
+        its first chunk takes its counts (its prompt's tokens) and ids from the table."""
         self._submitted.set()  # (a task waiting in tokenized() sees it closed)
         if not self._done:
             self.cut = not self.ended
@@ -198,7 +198,7 @@ class Stream:
             if self._updates is not None:
                 record = self._engine.table.records.get(self._req.rid)
                 if self.meta is None and record is not None:
-                    self.meta = record_meta(record)
+                    self.meta, self.input_ids = record_meta(record), record.input_ids
                 self._engine._leave(self._req.rid)
         self._hold.close()
 

@@ -141,17 +141,18 @@ async def _watch_taken(stream: EngineStream, i: int, taken: Taken, scope: trio.C
             taken.one(i)
 
 
-def check_batch_rid(rid: str, prompts: int | None) -> None:
+def check_batch_rid(rid: str, prompts: int | None, name: str = "rid") -> None:
     """A batch's rid (of ``prompts``; None: no batch) with room for what its prompts'
     rids add (``rid-0`` …), each at most MAX_RID_CHARS: the engine's refusal named a
-    length the client never sent."""
+    length the client never sent. ``name``: the body's field for it."""
     room = MAX_RID_CHARS - len(f"-{(prompts or 1) - 1}")
     if prompts is not None and len(rid) > room:
         raise HTTPError(
             400,
-            f"rid: expected at most {room} characters for a batch of {prompts} prompts (each "
-            f"prompt's rid adds -i to it, and a rid has at most {MAX_RID_CHARS}), got {len(rid)}",
-            param="rid",
+            f"{name}: expected at most {room} characters for a batch of {prompts} prompts "
+            f"(each prompt's rid adds -i to it, and a rid has at most {MAX_RID_CHARS}), got "
+            f"{len(rid)}",
+            param=name,
         )
 
 
@@ -263,6 +264,8 @@ async def _run_one(
                 finally:  # (cut before its first chunk, it has them from the engine's table)
                     result.prompt_tokens = stream.prompt_tokens
                     result.cached_tokens = stream.cached_tokens
+                    if result.input_ids is None:
+                        result.input_ids = stream.input_ids
             result.aborted = tracked.abort_cause
             result.e2e_latency = time.monotonic() - result.arrived
             if stream.queue_time is not None:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from rt.gpu.sampling_params import SEED_MASK, show
 from rt.http import sse
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta, TopLogprobs
@@ -171,6 +172,12 @@ def _sampling_seed(options: dict[str, Any], where: str) -> None:
     if "sampling_seed" not in options:
         return
     seed = options.pop("sampling_seed")
+    if not 0 <= seed <= SEED_MASK:  # (here: the engine's refusal would name seed)
+        raise HTTPError(
+            400,
+            f"{where}.sampling_seed: expected an integer in [0, {SEED_MASK}], got {show(seed)}",
+            param=f"{where}.sampling_seed",
+        )
     if options.setdefault("seed", seed) != seed:
         raise HTTPError(
             400,

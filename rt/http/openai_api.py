@@ -109,8 +109,8 @@ def check_model(front: Front, model: str | None) -> None:
 def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) -> dict[str, Any]:
     """The engine's keyword options for the sampling fields of an OpenAI body."""
     check_model(front, req.model)
-    if req.request_id is not None:  # vLLM's name for rid
-        if req.rid is not None and req.rid != req.request_id:
+    if req.request_id is not None:  # vLLM's name for rid ("" is none, as a rid's)
+        if req.rid and req.rid != req.request_id:
             raise HTTPError(
                 400,
                 "request_id and rid (one option, vLLM's and SGLang's names): expected one "
@@ -148,12 +148,17 @@ def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) ->
     return options
 
 
+def rid_field(req: OpenAISampling) -> str:
+    """The body's name for the request's id (what an error about it names)."""
+    return "request_id" if req.request_id is not None else "rid"
+
+
 def prompt_jobs(
-    prompts: list[Any], options: dict[str, Any], base: str, listed: bool = False
+    prompts: list[Any], options: dict[str, Any], base: str, listed: bool = False, name: str = "rid"
 ) -> list[Job]:
     """``listed``: the body's prompt is a list of prompts (of one, even: an error
-    names ``prompt[0][1]``, not ``prompt[1]``)."""
-    check_batch_rid(base, len(prompts) if len(prompts) > 1 else None)
+    names ``prompt[0][1]``, not ``prompt[1]``); ``name``: the body's for the rid."""
+    check_batch_rid(base, len(prompts) if len(prompts) > 1 else None, name)
     jobs = []
     for i, prompt in enumerate(prompts):
         rid, of = (base, None) if len(prompts) == 1 else (f"{base}-{i}", base)
@@ -243,7 +248,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         await front.tokens.ensure()
     cid = f"cmpl-{req.rid or uuid.uuid4().hex}"
     listed = isinstance(req.prompt, list) and not isinstance(req.prompt[0], int)
-    jobs = prompt_jobs(prompts, options, req.rid or cid, listed)
+    jobs = prompt_jobs(prompts, options, req.rid or cid, listed, rid_field(req))
     for job in jobs:
         job.prompt_only = prompt_only
     echoes = [""] * len(prompts)
@@ -257,6 +262,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
         "top_logprobs": "logprobs",
         "input_ids": "prompt",
         PROMPT: "prompt",
+        "rid": rid_field(req),
     }
     head = {
         "id": cid,
@@ -424,10 +430,12 @@ async def _stream_completions(
         for i, result in enumerate(results):
             for j, seq in enumerate(result.seqs):
                 if seq.finish_reason is None and result.aborted:
+                    index = i * n + j  # (one that never started: its first chunk)
+                    first = None if index in offsets else result
                     events.append(
                         {
                             **head,
-                            "choices": [choice(i * n + j, "", seq, None, "abort")],
+                            "choices": [choice(index, "", seq, None, "abort", first=first)],
                             **extra(result, seq),
                         }
                     )

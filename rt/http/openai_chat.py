@@ -13,7 +13,14 @@ from rt.http.asgi import Exchange, HTTPError
 from rt.http.engine_port import Delta
 from rt.http.front import PROMPT, Front
 from rt.http.generation import Job, Result, Seq, run
-from rt.http.openai_api import choice_finish, engine_options, prompt_jobs, served_name, stop_reason
+from rt.http.openai_api import (
+    choice_finish,
+    engine_options,
+    prompt_jobs,
+    rid_field,
+    served_name,
+    stop_reason,
+)
 from rt.http.openai_format import ChunkUsage, chat_logprobs, prompt_token_ids, token_ids, usage
 from rt.http.schemas import ChatCompletionRequest
 
@@ -112,6 +119,7 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
     jobs = prompt_jobs([None], options, req.rid or cid)
     limit_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     rename = {"max_new_tokens": limit_name, "min_new_tokens": "min_tokens", PROMPT: "messages"}
+    rename["rid"] = rid_field(req)
     head = {
         "id": cid,
         "object": "chat.completion",
@@ -196,6 +204,7 @@ async def _stream_chat(
         for j, seq in enumerate(result.seqs):
             if seq.finish_reason is None and result.aborted:
                 choice = {"index": j, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+                choice |= token_ids(req.return_token_ids, ())
                 events += opening(j, result)
                 events.append({**head, "choices": [choice], **extra(result, seq)})
         if extra.last:

@@ -228,7 +228,7 @@ async def test_abort_request_by_rid(default_server: Server) -> None:
                 events.append(line[6:])
                 if len(events) == 2:
                     abort = await client.post("/abort_request", json={"rid": "to-abort"})
-                    assert abort.status_code == 200
+                    assert abort.json() == {"aborted": 1}, abort.text
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])
         assert last["meta_info"]["finish_reason"]["type"] == "abort"
@@ -540,28 +540,49 @@ async def test_abort_request_by_a_prefix_of_rids_clients_chose_aborts_nothing(
 
 async def test_a_request_aborted_while_paused_counts_its_prompt(default_server: Server) -> None:
     """Aborted before its first token (generation paused), its usage said
-    ``prompt_tokens: 0``: the counts came from its first chunk only."""
+    ``prompt_tokens: 0``: the counts came from its first chunk only. So did
+    ``return_token_ids``' prompt ids (null; in a stream, in no chunk)."""
     body = {"prompt": "And God said, Let there be light", "max_tokens": 4, "rid": "paused-abort"}
+    body["return_token_ids"] = True
+    chat = {"messages": [{"role": "user", "content": "And God said"}], "max_tokens": 4, "n": 2}
+    chat |= {"stream": True, "return_token_ids": True, "request_id": "paused-chat"}
     async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
         answers: list[httpx.Response] = []
+        chunks: list[Any] = []
 
         async def ask() -> None:
             answers.append(await client.post("/v1/completions", json=body))
+
+        async def stream() -> None:
+            async with client.stream("POST", "/v1/chat/completions", json=chat) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line[6:]))
 
         pause = await client.post("/pause_generation", json={"mode": "in_place"})
         assert pause.status_code == 200
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(ask)
-                with trio.fail_after(30):  # in the paused scheduler: its prompt tokenized
-                    while not (default_server.info()["scheduler"] or {}).get("requests"):
+                nursery.start_soon(stream)
+                with trio.fail_after(30):  # in the paused scheduler: its prompts tokenized
+                    while (default_server.info()["scheduler"] or {}).get("requests", 0) < 2:
                         await trio.sleep(0.05)
                 await trio.sleep(0.2)  # (the ids reach the front beside it, on another ring)
-                abort = await client.post("/abort_request", json={"rid": "paused-abort"})
-                assert abort.status_code == 200
+                for rid in ("paused-abort", "paused-chat"):
+                    abort = await client.post("/abort_request", json={"rid": rid})
+                    assert abort.json() == {"aborted": 1}, abort.text
         finally:
             await client.post("/continue_generation")
     (answer,) = answers
     assert answer.status_code == 200, answer.text
-    assert answer.json()["choices"][0]["finish_reason"] == "abort"
-    assert answer.json()["usage"]["prompt_tokens"] > 5
+    out = answer.json()
+    assert out["choices"][0]["finish_reason"] == "abort"
+    assert out["usage"]["prompt_tokens"] > 5
+    assert len(out["choices"][0]["prompt_token_ids"]) == out["usage"]["prompt_tokens"]
+    assert len(chunks[0]["prompt_token_ids"]) > 5, chunks[0]
+    ends = [c["choices"][0] for c in chunks if c["choices"][0]["finish_reason"]]
+    assert [(e["index"], e["finish_reason"], e["token_ids"]) for e in ends] == [
+        (0, "abort", []),
+        (1, "abort", []),
+    ], chunks

@@ -125,7 +125,8 @@ async def test_every_prompt_of_a_batch_is_abortable_before_its_turn(
         with trio.fail_after(60):
             while await in_flight(client) < 2:
                 await trio.sleep(0.01)
-        assert (await client.post("/abort_request", json={"rid": "first-1"})).is_success
+        aborted = await client.post("/abort_request", json={"rid": "first-1"})
+        assert aborted.json() == {"aborted": 1}, aborted.text
         with trio.fail_after(60):  # (the first request ends: first-0 stays the batch's)
             while "first" not in out:
                 await trio.sleep(0.01)

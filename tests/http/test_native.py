@@ -121,6 +121,13 @@ def test_sampling_seed_is_the_seed_by_sglangs_name(default_server: Server) -> No
     error = refused.json()["error"]
     assert error["param"] == "sampling_params.sampling_seed", error
     assert "got 1 and 2" in error["message"], error
+    for params in ({"sampling_seed": -1}, [{"sampling_seed": 2**63}]):  # (named seed)
+        body = {"text": ["x"] if isinstance(params, list) else "x", "sampling_params": params}
+        refused = httpx.post(f"{default_server.url}/generate", json=body, timeout=60)
+        error = refused.json()["error"]
+        where = "sampling_params[0]" if isinstance(params, list) else "sampling_params"
+        assert error["param"] == f"{where}.sampling_seed", error
+        assert error["message"].startswith(f"{where}.sampling_seed: expected an integer"), error
 
 
 def test_stream(default_server: Server) -> None:

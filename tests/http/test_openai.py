@@ -638,3 +638,16 @@ def test_request_id_is_the_rid_by_vllms_name(client: openai.OpenAI) -> None:
             model=model, prompt="x", max_tokens=1, extra_body={"request_id": "a", "rid": "b"}
         )
     assert err.value.param == "request_id"
+    empty = {"request_id": "mine3", "rid": ""}  # ("" is no rid, as everywhere)
+    assert client.completions.create(model=model, prompt="x", max_tokens=1, extra_body=empty).id
+    # its errors name the field the client sent (they named rid)
+    long: Any = {"request_id": "r" * 1025}
+    for prompt, said in (("x", "at most 1024"), (["x", "y"], "at most 1022")):
+        with pytest.raises(openai.BadRequestError, match=f"^.*request_id: expected {said}") as err:
+            client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body=long)
+        assert err.value.param == "request_id"
+    with pytest.raises(openai.BadRequestError, match="request_id: expected at most 1024") as err:
+        client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=1, extra_body=long
+        )
+    assert err.value.param == "request_id"

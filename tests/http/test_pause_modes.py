@@ -22,7 +22,7 @@ from rt.http import Settings, serve
 async def test_a_pause_aborts_the_python_apis_requests_on_a_served_engine() -> None:
     """Only the HTTP front's were aborted: a Python caller's request sharing the
     engine was held through the pause and went on after it; /abort_request by its
-    rid was a 404; and neither was counted in rt_aborted_requests."""
+    rid aborted none (it was a 404 then); and neither was counted in rt_aborted_requests."""
     async with rt.open_engine(torch_threads=1) as engine, trio.open_nursery() as nursery:
         url = await nursery.start(serve, engine, Settings(port=0))
         raised: dict[str, BaseException] = {}
