@@ -64,8 +64,10 @@ def ring() -> Iterator[Ring]:
 
 
 @pytest.mark.slow
-async def test_a_million_frames_of_random_sizes_arrive_intact(ring: Ring) -> None:
-    n = int(os.environ.get("RT_RING_FRAMES", 1_000_000))
+async def test_a_quarter_million_frames_of_random_sizes_arrive_intact(ring: Ring) -> None:
+    """Every frame in order and intact; RT_RING_FRAMES=1000000 for a longer soak (the
+    suite's default was a million: a minute of its time under load)."""
+    n = int(os.environ.get("RT_RING_FRAMES", 250_000))
     with RingReceiver.attach(ring.spec) as rx:
         await receive_and_check(ring, rx, n)
     assert list_segments(ring.spec.name + "_x") == [], "a side segment outlived its frame"
