@@ -27,6 +27,7 @@ from rt.actors.affinity import format_cpu_list, pin_process, split_cpus
 from rt.actors.faultplan import FaultPlan
 from rt.config import EngineOptions
 from rt.frontend.drain import SIGNALS
+from rt.frontend.wiring import supervisor_spec
 from rt.http.flags import add_server_flags, http_settings
 from rt.http.settings import Settings
 
@@ -398,8 +399,9 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         checked.chat_template_text()  # a file that is not there, a template that cannot compile
         if checked.scheduler_cpus is not None:
             split_cpus(checked.scheduler_cpus)  # a CPU this process may not run on
-        if isinstance(checked.fault_plan, str):
-            FaultPlan.load(checked.fault_plan)  # a plan that cannot be read or parsed
+        if isinstance(checked.fault_plan, str):  # a plan that cannot be read or parsed,
+            # or names an actor or a point there is not (it exited 1, the engine begun)
+            FaultPlan.load(checked.fault_plan).check_actors(supervisor_spec(checked).actors())
         settings = http_settings(args)
         check_address(settings.host, settings.port)
     except errors.ConfigError as err:

@@ -19,6 +19,11 @@ A plan is a seed plus rules, loaded from TOML or JSON (a file, or the
 Hit counters and the random stream restart with every incarnation (a
 restarted child is a new process), so "crash once, then recover" is
 ``incarnation = 1``.
+
+A plan is checked before anything starts: each field's type, ``delay_ms`` at
+most MAX_DELAY_MS (a longer one is a hang the watchdog never sees: use
+``action = "hang"``), incarnations counted from 1, and (``check_points``) a rule
+that matches no actor, or none that passes its point, is refused.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from rt.errors import ConfigError
 
 ENV_VAR = "RT_FAULT_PLAN"
 BUILTIN_POINTS = frozenset({"startup", "receive", "send", "commit", "loop"})
+MAX_DELAY_MS = 60_000.0  # a longer delay is a hang the watchdog never sees (trio sleeps on)
 
 
 class FaultKind(enum.StrEnum):
@@ -68,6 +74,7 @@ class FaultRule:
     match: str | None = None
 
     def __post_init__(self) -> None:
+        _check_types(self)
         try:
             object.__setattr__(self, "action", FaultKind(self.action))
         except ValueError:
@@ -83,8 +90,16 @@ class FaultRule:
             raise ConfigError(f"fault at {self.point!r}: probability must be in [0, 1]")
         if self.hang not in ("gil", "sleep"):
             raise ConfigError(f"fault at {self.point!r}: hang must be 'gil' or 'sleep'")
-        if self.delay_ms < 0:
-            raise ConfigError(f"fault at {self.point!r}: delay_ms must be >= 0")
+        if not 0 <= self.delay_ms <= MAX_DELAY_MS:  # (NaN too)
+            raise ConfigError(
+                f"fault at {self.point!r}: delay_ms must be in [0, {MAX_DELAY_MS:g}] "
+                f"(longer is a hang: action 'hang'), got {self.delay_ms!r}"
+            )
+        for name in ("incarnation", "max_incarnation"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(
+                    f"fault at {self.point!r}: {name} counts starts from 1, got {getattr(self, name)}"
+                )
 
     def applies_to(self, actor: str, incarnation: int) -> bool:
         if not fnmatchcase(actor, self.actor):
@@ -95,6 +110,25 @@ class FaultRule:
 
 
 _RULE_FIELDS = {f.name for f in fields(FaultRule)}
+_INTS = ("after", "times", "incarnation", "max_incarnation", "exit_code")
+_STRS = ("point", "action", "actor", "hang", "match")
+
+
+def _check_types(rule: FaultRule) -> None:
+    """Each field of the type it needs (a plan is the user's JSON or TOML: a list for
+    a point, or 1e400 for times, raised a TypeError, or was taken as infinity)."""
+    for name in _INTS:
+        value = getattr(rule, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"fault rule: {name} must be an integer, got {value!r}")
+    for name in _STRS:
+        value = getattr(rule, name)
+        if not isinstance(value, str) and not (value is None and name == "match"):
+            raise ConfigError(f"fault rule: {name} must be a string, got {value!r}")
+    for name in ("probability", "delay_ms"):
+        value = getattr(rule, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"fault rule: {name} must be a number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -104,11 +138,22 @@ class FaultPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FaultPlan:
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"fault plan: expected an object with seed and faults, got {type(data).__name__}"
+            )
         unknown = set(data) - {"seed", "faults"}
         if unknown:
             raise ConfigError(f"fault plan: unknown keys {sorted(unknown)}; expected seed, faults")
+        seed, faults = data.get("seed", 0), data.get("faults", ())
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"fault plan: seed must be an integer, got {seed!r}")
+        if not isinstance(faults, list | tuple):
+            raise ConfigError(f"fault plan: faults must be a list of rules, got {faults!r}")
         rules = []
-        for i, raw in enumerate(data.get("faults", ())):
+        for i, raw in enumerate(faults):
+            if not isinstance(raw, Mapping):
+                raise ConfigError(f"fault plan rule {i}: expected an object, got {raw!r}")
             extra = set(raw) - _RULE_FIELDS
             if extra:
                 raise ConfigError(
@@ -118,7 +163,9 @@ class FaultPlan:
                 rules.append(FaultRule(**raw))
             except TypeError as err:
                 raise ConfigError(f"fault plan rule {i}: {err}") from err
-        return cls(tuple(rules), int(data.get("seed", 0)))
+            except ConfigError as err:
+                raise ConfigError(f"fault plan rule {i}: {err}") from None
+        return cls(tuple(rules), seed)
 
     @classmethod
     def parse(cls, text: str, fmt: str = "json") -> FaultPlan:
@@ -159,12 +206,18 @@ class FaultPlan:
         self.check_points({name: BUILTIN_POINTS | points for name, points in own.items()})
 
     def check_points(self, actors: Mapping[str, frozenset[str]]) -> None:
-        """Raise ConfigError for a rule whose point none of the actors it matches
-        passes (a typo would otherwise make a chaos test silently fault-free).
+        """Raise ConfigError for a rule that matches no actor, or whose point none of
+        the actors it matches passes (a typo would otherwise make a chaos test
+        silently fault-free).
         ``actors`` maps each actor's name to its injection points."""
         for i, rule in enumerate(self.rules):
             matched = [name for name in actors if fnmatchcase(name, rule.actor)]
-            if matched and not any(rule.point in actors[name] for name in matched):
+            if not matched:
+                raise ConfigError(
+                    f"fault plan rule {i}: no actor matches {rule.actor!r}; the actors: "
+                    f"{sorted(actors)}"
+                )
+            if not any(rule.point in actors[name] for name in matched):
                 points = sorted(set().union(*(actors[name] for name in matched)))
                 raise ConfigError(
                     f"fault plan rule {i}: no actor matching {rule.actor!r} ({matched}) "

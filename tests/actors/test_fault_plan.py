@@ -64,6 +64,21 @@ def test_from_env_json_text_and_path(tmp_path: Path) -> None:
         ({"faults": [{"point": "loop", "action": "raise", "probability": 2}]}, "probability"),
         ({"faults": [{"point": "loop", "action": "hang", "hang": "nap"}]}, "hang must be"),
         ({"seeds": 1}, "unknown keys"),
+        # what a JSON or TOML plan can hold: refused by name (a TypeError's traceback,
+        # or taken: times 1e400 as infinity, a 1e308 ms delay that hangs for good)
+        (5, "expected an object with seed and faults, got int"),
+        ({"seed": "abc"}, "seed must be an integer"),
+        ({"faults": {"point": "loop"}}, "faults must be a list"),
+        ({"faults": [1]}, "rule 0: expected an object"),
+        ({"faults": [{"point": ["loop"], "action": "raise"}]}, "rule 0: .*point must be a string"),
+        ({"faults": [{"point": "loop", "action": "raise", "actor": 5}]}, "actor must be a string"),
+        ({"faults": [{"point": "loop", "action": "raise", "times": 1e400}]}, "times must be an"),
+        ({"faults": [{"point": "loop", "action": "raise", "after": 1.5}]}, "after must be an"),
+        ({"faults": [{"point": "loop", "action": "raise", "match": 5}]}, "match must be a str"),
+        ({"faults": [{"point": "loop", "action": "delay", "delay_ms": 1e308}]}, "delay_ms must"),
+        ({"faults": [{"point": "loop", "action": "delay", "delay_ms": float("nan")}]}, "delay_ms"),
+        ({"faults": [{"point": "loop", "action": "raise", "incarnation": -3}]}, "counts starts"),
+        ({"faults": [{"point": "loop", "action": "raise", "max_incarnation": 0}]}, "counts"),
     ],
 )
 def test_bad_plans_are_refused_with_the_reason(data: dict, message: str) -> None:
@@ -88,6 +103,9 @@ def test_supervisor_refuses_a_point_no_actor_passes() -> None:
     typo = FaultPlan.from_dict({"faults": [{"point": "stpe", "action": "raise", "actor": "s*"}]})
     with pytest.raises(ConfigError, match="passes point 'stpe'"):
         Supervisor(spec, fault_plan=typo)
+    nobody = FaultPlan.from_dict({"faults": [{"point": "step", "action": "raise", "actor": "x*"}]})
+    with pytest.raises(ConfigError, match=r"no actor matches 'x\*'; the actors: \['sched'\]"):
+        Supervisor(spec, fault_plan=nobody)  # (it was taken, and never fired)
 
 
 def _fired(plan: FaultPlan, actor: str = "a", incarnation: int = 1, hits: int = 300) -> list[int]:

@@ -175,6 +175,28 @@ def test_a_bad_flag_exits_2_with_a_message(
     assert argv[0].lstrip("-").split("-")[0] in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("rule", "said"),
+    [
+        ({"actor": "schedulr", "point": "step"}, "no actor matches 'schedulr'"),
+        ({"actor": "scheduler", "point": "recieve"}, "passes point 'recieve'"),
+        ({"actor": ["scheduler"], "point": "step"}, "actor must be a string"),
+    ],
+)
+def test_a_fault_plan_for_no_actor_or_point_there_is_exits_2(
+    rule: dict[str, Any], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before any process starts: a misspelled point exited 1 once the
+    engine had begun ("could not start"), an unknown actor was taken and never
+    fired (a chaos run silently fault-free), a wrong type was a traceback."""
+    plan = write_plan(tmp_path / "p.json", {"seed": 1, "faults": [{**rule, "action": "raise"}]})
+    with pytest.raises(SystemExit) as exit_:
+        main(["--load-format", "null", "--fault-plan", str(plan)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("after_s", [0.5, 1.5])
 def test_a_signal_in_the_first_moments_stops_it_cleanly(after_s: float) -> None:
     """While Python imported the server and its flags were checked (seconds:
