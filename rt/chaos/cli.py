@@ -24,12 +24,23 @@ from dataclasses import replace
 from typing import Any
 
 import trio
+from pydantic import ValidationError
 
 from rt.chaos.attach import AttachError
 from rt.chaos.campaign import CampaignConfig, Outcome, campaign
 from rt.chaos.run import RunConfig
-from rt.chaos.schedule import KINDS, MAIN_KINDS, PHASES, SIGNAL_KINDS, Schedule, ScheduleConfig
+from rt.chaos.schedule import (
+    KINDS,
+    MAIN_KINDS,
+    PHASES,
+    POINTS,
+    SIGNAL_KINDS,
+    Schedule,
+    ScheduleConfig,
+    role,
+)
 from rt.chaos.workload import WorkloadConfig
+from rt.config import EngineOptions
 
 
 def duration(text: str) -> float:
@@ -76,15 +87,40 @@ token_range = value_range(int, 1, "integers")  # output lengths
 seconds_range = value_range(float, 0, "seconds")
 
 
-def listed(choices: tuple[str, ...]) -> Any:
+def listed(choices: tuple[str, ...] | None = None) -> Any:
+    """An argparse type: a comma-separated list of at least one of ``choices`` (None:
+    actor names, a role of POINTS with a number for a tokenizer). None of them drew
+    no fault for ever, before a line was printed."""
+
+    def known(x: str) -> bool:
+        if choices is not None:
+            return x in choices
+        return role(x) in POINTS and (role(x) == "tokenizer") == (x != role(x))
+
     def parse(text: str) -> tuple[str, ...]:
         items = tuple(x.strip() for x in text.split(",") if x.strip())
-        bad = [x for x in items if x not in choices]
-        if bad:
+        bad = [x for x in items if not known(x)]
+        expected = ", ".join(choices) if choices else "tokenizer0 (…N), scheduler, detokenizer"
+        if bad or not items:
             raise argparse.ArgumentTypeError(
-                f"unknown {bad}; expected some of {', '.join(choices)}"
+                f"{f'unknown {bad}' if bad else 'none given'}; expected some of {expected}"
             )
         return items
+
+    return parse
+
+
+def at_least(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``least``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
+        return value
 
     return parse
 
@@ -101,28 +137,38 @@ def build_parser() -> argparse.ArgumentParser:
     load = p.add_argument_group("load")
     load.add_argument("--duration", type=duration, help="send requests for this long (90s, 10m)")
     load.add_argument(
-        "--requests", type=int, help="send this many requests (default 60 with no --duration)"
+        "--requests",
+        type=at_least(1),
+        help="send this many requests (default 60 with no --duration)",
     )
     load.add_argument(
         "--until-faults", action=argparse.BooleanOptionalAction, default=True,
         help="with --requests: go on past them (up to 4 times as many) until every "
         "signal fault was tried (default on)",
     )  # fmt: skip
-    load.add_argument("--concurrency", type=int, help="requests in flight (default 8)")
+    load.add_argument("--concurrency", type=at_least(1), help="requests in flight (default 8)")
     load.add_argument("--transports", type=listed(("sse", "ws")), default=("sse", "ws"),
                       help="over HTTP: sse, ws (default both)")  # fmt: skip
     load.add_argument(
-        "--hostile", type=float, default=0.05, help="share of invalid and fuzzed requests"
+        "--hostile",
+        type=bounded(0.0, 1.0),
+        default=0.05,
+        help="share of invalid and fuzzed requests",
     )
     load.add_argument(
-        "--cancel", type=float, default=0.1, help="share of requests cancelled midway"
+        "--cancel", type=bounded(0.0, 1.0), default=0.1, help="share of requests cancelled midway"
     )
     load.add_argument(
-        "--timeout", type=float, default=180.0, help="seconds before a request counts as hung"
+        "--timeout",
+        type=bounded(0.1, 86400.0),
+        default=180.0,
+        help="seconds before a request counts as hung",
     )
     load.add_argument("--max-tokens", type=token_range, default=(8, 40), metavar="LO,HI",
                       help="each request's max_new_tokens, drawn in [LO, HI] (default 8,40)")  # fmt: skip
-    load.add_argument("--hogs", type=int, default=0, help="CPU hog processes beside the engine")
+    load.add_argument(
+        "--hogs", type=at_least(0), default=0, help="CPU hog processes beside the engine"
+    )
     load.add_argument("--seeded", type=bounded(0.0, 1.0), default=0.5, metavar="SHARE",
                       help="share of seeded (sampled) requests; the others are greedy (default 0.5)")  # fmt: skip
     load.add_argument("--temperature", type=bounded(0.0, 10.0), default=0.8,
@@ -139,35 +185,43 @@ def build_parser() -> argparse.ArgumentParser:
                         "in [LO, HI] seconds: the longer, the more tokens a killed scheduler's "
                         "successor computes again (default 0.02,0.3)")  # fmt: skip
     faults.add_argument(
-        "--fault-count", type=int, help="faults to draw (default: from the load's size)"
+        "--fault-count", type=at_least(0), help="faults to draw (default: from the load's size)"
     )
     faults.add_argument("--kinds", type=listed(KINDS), default=MAIN_KINDS,
                         help=f"default {','.join(MAIN_KINDS)}; all: {','.join(KINDS)}")  # fmt: skip
     faults.add_argument("--phases", type=listed(PHASES), default=PHASES)
-    faults.add_argument("--actors", default="tokenizer0,scheduler,detokenizer")
     faults.add_argument(
-        "--poison", type=int, default=3, help="poison requests (a flood), each its own marker"
+        "--actors", type=listed(), default=("tokenizer0", "scheduler", "detokenizer")
     )
-    faults.add_argument("--sweep", type=int, default=0, metavar="K",
+    faults.add_argument(
+        "--poison",
+        type=at_least(0),
+        default=3,
+        help="poison requests (a flood), each its own marker",
+    )
+    faults.add_argument("--sweep", type=at_least(0), default=0, metavar="K",
                         help="also SIGKILL each of --actors at each of its first K receive and "
                         "send hits, one incarnation after another (with --concurrency 1: every "
                         "frame boundary of a request's life)")  # fmt: skip
     faults.add_argument(
-        "--shrink-budget", type=int, default=12, help="replays to shrink a failure (0: none)"
+        "--shrink-budget",
+        type=at_least(0),
+        default=12,
+        help="replays to shrink a failure (0: none)",
     )
     engine = p.add_argument_group("engine")
     engine.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     engine.add_argument(
-        "--ring-capacity", type=int, help="bytes per ring (small: senders meet full rings)"
+        "--ring-capacity", type=at_least(1), help="bytes per ring (small: senders meet full rings)"
     )
-    engine.add_argument("--watchdog-timeout", type=float, default=4.0)
+    engine.add_argument("--watchdog-timeout", type=bounded(0.1, 3600.0), default=4.0)
     engine.add_argument(
-        "--max-restarts", type=int, help="default: enough for the schedule's faults"
+        "--max-restarts", type=at_least(0), help="default: enough for the schedule's faults"
     )
     engine.add_argument("--model-path")
     engine.add_argument("--load-format", choices=("auto", "dummy", "null"),
                         help="null: no forward pass (fixed tokens): the runtime alone")  # fmt: skip
-    engine.add_argument("--tokenizer-workers", type=int)
+    engine.add_argument("--tokenizer-workers", type=at_least(1))
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     out.add_argument(
@@ -201,7 +255,7 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
         kinds = tuple(k for k in kinds if k in SIGNAL_KINDS) or SIGNAL_KINDS
         poison = 0
     sched = ScheduleConfig(
-        actors=tuple(a for a in args.actors.split(",") if a),
+        actors=args.actors,
         kinds=kinds,
         phases=args.phases
         if mode != "attach"
@@ -214,7 +268,7 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
         watchdog_s=args.watchdog_timeout,
         backlog_s=args.backlog_s,
         sweep=args.sweep,
-        sweep_actors=tuple(a for a in args.actors.split(",") if a),
+        sweep_actors=args.actors,
     )
     options: dict[str, Any] = {
         "dtype": args.dtype,
@@ -241,20 +295,43 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
     )
     only = None
     if args.faults is not None:
-        only = () if args.faults == "none" else tuple(int(x) for x in args.faults.split(","))
+        try:
+            only = () if args.faults == "none" else tuple(int(x) for x in args.faults.split(","))
+        except ValueError:
+            raise UsageError(
+                f"--faults: expected ids (3,9) or 'none', got {args.faults!r}"
+            ) from None
     plan = None
     if args.schedule:
-        with open(args.schedule) as f:
-            data = json.load(f)
-        plan = Schedule.from_json(data.get("schedule_json", data))
+        try:
+            with open(args.schedule) as f:
+                data = json.load(f)
+            plan = Schedule.from_json(data.get("schedule_json", data))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+            raise UsageError(
+                f"--schedule: {args.schedule} is no schedule (as --json prints it): {err!r}"
+            ) from None
         run = replace(run, seed=plan.seed)
+    if mode != "attach":  # (options the engine refuses: a usage error, not its failure)
+        try:  # (validated as given: resolving 'auto' would import torch here)
+            EngineOptions(**options)
+        except ValidationError as err:
+            said = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise UsageError(f"invalid engine options: {said}") from None
     return CampaignConfig(run, sched, shrink_budget=args.shrink_budget, only=only, plan=plan)
+
+
+class UsageError(Exception):
+    """What the command line asks for cannot run: exit 2 with the message."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    config = configure(args)
+    try:
+        config = configure(args)
+    except UsageError as err:
+        parser.error(str(err))
 
     def say(line: str) -> None:
         if not args.quiet:

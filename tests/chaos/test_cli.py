@@ -125,3 +125,33 @@ def test_a_failing_run_exits_1_with_its_shortest_schedule(tmp_path, capsys) -> N
     assert report["shrunk"]["ids"] == [0, 1] and report["shrunk"]["for"] == "engine"
     assert report["shrunk"]["replays"] == 4 and not report["shrunk"]["budget_ran_out"]
     assert report["shrunk"]["replay"].startswith("rt-chaos --replay 3 --faults 0,1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--kinds="], "--kinds: none given"),  # (an empty deck: it drew for ever, silent)
+        (["--actors="], "--actors: none given"),
+        (["--actors", "bogus"], "unknown ['bogus']"),  # (a KeyError's traceback)
+        (["--faults", "abc"], "--faults: expected ids"),  # (a ValueError's)
+        (["--schedule", "/nonexistent.json"], "--schedule: /nonexistent.json is no schedule"),
+        (["--concurrency", "-1"], "--concurrency: expected an integer >= 1"),  # (the engine
+        (["--tokenizer-workers", "0"], "expected an integer >= 1"),  # "gave up": a FAIL)
+        (["--ring-capacity", "10"], "invalid engine options: ring_capacity"),
+        (["--hostile", "5"], "--hostile: expected a number in [0, 1]"),
+        (["--timeout", "-1"], "--timeout: expected a number"),  # (every request "hung")
+        (["--poison", "-2"], "--poison: expected an integer >= 0"),
+    ],
+)
+def test_a_command_line_that_cannot_run_exits_2_naming_what(  # type: ignore[no-untyped-def]
+    argv: list[str], said: str, capsys
+) -> None:
+    """Before anything starts; each was a traceback, a silent hang, or a run that
+    failed as the engine's fault (found by a review of the harness)."""
+    from rt.chaos.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--in-process", "--load-format", "null", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err
