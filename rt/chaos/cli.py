@@ -8,7 +8,8 @@
 Exit status: 0 when every checker passed, 1 when one failed (the report
 then ends with the shortest fault schedule that still fails) or when no
 planned fault fired (INCONCLUSIVE: the run tested nothing), 2 for a usage
-error (or a server attached to that cannot take the run asked for). Attached to a server (``--url``), a schedule that would restart its
+error (or a server attached to that cannot take the run asked for), 130 when
+Ctrl-C ended the run (no verdict). Attached to a server (``--url``), a schedule that would restart its
 actors past its ``--max-restarts`` is refused before it starts
 (rt/chaos/attach.py).
 """
@@ -342,6 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     except AttachError as err:  # (a server that cannot take the run asked for)
         print(f"rt-chaos: error: {err}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, BaseExceptionGroup) as err:  # (Ctrl-C: no verdict, no
+        # traceback; 1 is a checker's failure)
+        stop = err if isinstance(err, KeyboardInterrupt) else err.subgroup(KeyboardInterrupt)
+        if stop is None:
+            raise
+        while isinstance(stop, BaseExceptionGroup):
+            stop = stop.exceptions[0]
+        said = f" ({stop.args[0]})" if stop.args else ""
+        print(f"rt-chaos: interrupted{said}: no verdict", file=sys.stderr)
+        return 130
     from rt.chaos.report import inconclusive, render, summary
 
     if args.json:

@@ -17,9 +17,11 @@ shutdown fault, if any, kills an actor in the middle of it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,12 @@ async def run_once(config: RunConfig, schedule: Schedule, ledger: Ledger) -> Non
             else:
                 await run_attached(config, schedule, ledger)
     ledger.write("done")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal stopped the run's engine (Ctrl-C in the harness's terminal): the
+    campaign ends, with no verdict and no shrink (its refusals and its early stop
+    are no finding of rt's)."""
 
 
 def write_plan(config: RunConfig, schedule: Schedule) -> str | None:
@@ -205,8 +213,10 @@ async def _run_engine(
     if plan is not None:
         options["fault_plan"] = plan
     log = open(Path(config.log_dir) / f"stderr-{config.seed}.log", "ab")  # noqa: SIM115
-    with log, StderrTap(log).installed() as lines:
+    stopped_by = None
+    with log, StderrTap(log).installed() as lines, _removed(plan):
         before = leaks.snapshot()
+        started = time.monotonic()  # (a signal may end the body before it is set below)
         try:
             async with trio.open_nursery() as outer:
                 async with rt.open_engine(**options) as engine:
@@ -221,6 +231,7 @@ async def _run_engine(
                     ledger.write("shutdown", what="leaving open_engine")
                     started = time.monotonic()
                 ledger.write("shutdown", what="engine stopped", seconds=time.monotonic() - started)
+                stopped_by = engine.stopped_by  # (open_engine takes SIGINT in the main thread)
                 for a in engine.actors():
                     ledger.write("stopped", name=a.name, reason=a.last_exit_reason)
         except Exception as err:  # an escalation comes out of open_engine as a group
@@ -229,6 +240,17 @@ async def _run_engine(
         record_fault_lines(ledger, lines, plan_faults, "shutdown")  # the last ones
         for line in leaks.leaks(before, tag=tag, ignore_pids=hog_pids):
             ledger.write("leak", what=line)
+    if stopped_by is not None:
+        ledger.write("note", what=f"interrupted by {stopped_by}")
+        raise Interrupted(stopped_by)
+
+
+@contextlib.contextmanager
+def _removed(plan: str | None) -> Iterator[None]:
+    """The run's plan file is removed at its end (a Ctrl-C before the engine was up too)."""
+    try:
+        yield
+    finally:
         if plan is not None:
             Path(plan).unlink(missing_ok=True)
 

@@ -155,3 +155,33 @@ def test_a_command_line_that_cannot_run_exits_2_naming_what(  # type: ignore[no-
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_ends_an_in_process_campaign_with_no_verdict(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """open_engine took the SIGINT (a drain): the load went on, each request refused,
+    hundreds of findings, a false FAIL, then replays of the shrink that a second
+    Ctrl-C could not stop. Now the campaign ends: exit 130, nothing left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = [sys.executable, "-m", "rt.chaos", "--in-process", "--load-format", "null",
+            "--requests", "400", "--concurrency", "2", "--log-dir", str(tmp_path)]  # fmt: skip
+    err_path = tmp_path / "err.txt"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 120
+            ledger = tmp_path / "ledger-1.jsonl"
+            while not ledger.exists() or '"ev": "delta"' not in ledger.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.2)  # (till the engine is up and tokens flow)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 130, err_path.read_text()[-3000:]
+        finally:
+            proc.kill()
+            proc.wait()
+    said = err_path.read_text()
+    assert "rt-chaos: interrupted (SIGINT): no verdict" in said and "Traceback" not in said, said
+    assert "shrink" not in said, said
