@@ -253,7 +253,12 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
     count = args.fault_count if args.fault_count is not None else max(8, min(200, drawn))
     kinds, poison = args.kinds, args.poison
     if mode == "attach":  # a running rt-serve has no fault plan of ours: signals only
-        kinds = tuple(k for k in kinds if k in SIGNAL_KINDS) or SIGNAL_KINDS
+        kinds = tuple(k for k in kinds if k in SIGNAL_KINDS)
+        if not kinds:  # (they were replaced by the signals, unsaid)
+            raise UsageError(
+                f"--kinds: attached to a server (--url), only signals can be sent: "
+                f"{', '.join(SIGNAL_KINDS)}; got {', '.join(args.kinds)}"
+            )
         poison = 0
     sched = ScheduleConfig(
         actors=args.actors,

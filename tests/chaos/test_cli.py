@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from rt.chaos.cli import build_parser, configure, duration
+from rt.chaos.cli import UsageError, build_parser, configure, duration
 
 
 def config(*argv: str):  # type: ignore[no-untyped-def]
@@ -38,6 +38,11 @@ def test_in_process_attach_and_duration() -> None:
     # no fault plan reaches a running server: signals only, no poison
     assert set(attached.schedule.kinds) == {"sigkill", "sigsegv", "sigstop"}
     assert attached.schedule.poison == 0 and attached.schedule.signal_share == 1.0
+    # kinds asked for that no signal is: refused (they were replaced by the signals)
+    url = ("--url", "http://127.0.0.1:1234")
+    assert config(*url, "--kinds", "sigkill,drop").schedule.kinds == ("sigkill",)
+    with pytest.raises(UsageError, match=r"only signals can be sent: .*got drop, delay"):
+        config(*url, "--kinds", "drop,delay")
 
 
 def test_bfloat16_runs_batched_with_the_prefix_cache_as_users_run_it() -> None:
