@@ -4,6 +4,7 @@ request that writes itself into a ledger."""
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,12 +20,16 @@ _indexes = itertools.count()
 @contextmanager
 def no_leaks(root_pids: Iterable[int] = (), settle_s: float = 10.0) -> Iterator[leaks.Snapshot]:
     """Fail (AssertionError) if the body leaves a process (child, zombie or
-    orphan), a shared-memory segment of this process (or of ``root_pids``: an
-    rt-serve subprocess's pid) or an fd behind."""
+    orphan), a shared-memory segment of this process, of ``root_pids`` (an
+    rt-serve subprocess's pid) or of an rt-serve the body's ``open_server``
+    started (they went unchecked), or an fd behind."""
+    from rt.testing.engines import SERVED
+
     tag = leaks.tag_environment()
-    before = leaks.snapshot()
+    before, served = leaks.snapshot(), len(SERVED)
     yield before
-    assert_no_leaks(before, root_pids, tag=tag, settle_s=settle_s)
+    roots = [*root_pids, *SERVED[served:]]
+    assert_no_leaks(before, [os.getpid(), *roots] if roots else (), tag=tag, settle_s=settle_s)
 
 
 def assert_no_leaks(

@@ -69,6 +69,9 @@ class Server:
         return int(await self._process.stop(timeout))
 
 
+SERVED: list[int] = []  # the pid of every rt-serve open_server started, in order
+
+
 @asynccontextmanager
 async def open_server(
     *args: str, faults: Faults = None, seed: int = 0, start_timeout: float = 300.0
@@ -91,6 +94,7 @@ async def open_server(
                 httpx.AsyncClient(timeout=60) as http,
                 start(argv, log, start_timeout=start_timeout) as process,
             ):
+                SERVED.append(process.pid)  # (no_leaks checks its segments too)
                 yield Server(process, http)
 
 
