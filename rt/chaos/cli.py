@@ -201,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="poison requests (a flood), each its own marker",
     )
     faults.add_argument("--sweep", type=at_least(0), default=0, metavar="K",
-                        help="also SIGKILL each of --actors at each of its first K receive and "
-                        "send hits, one incarnation after another (with --concurrency 1: every "
+                        help="also SIGKILL each of --actors at each of its first K receive, "
+                        "send and commit hits, one incarnation after another (with --concurrency 1: every "
                         "frame boundary of a request's life)")  # fmt: skip
     faults.add_argument(
         "--shrink-budget",

@@ -105,7 +105,7 @@ def id_marker(rng: random.Random) -> str:
 
 
 def _sweep(first_id: int, config: ScheduleConfig, crashes: Counter[str]) -> list[Fault]:
-    """Kills at hits 1..sweep of receive, then of send, each in an incarnation of
+    """Kills at hits 1..sweep of receive, then of send, then of commit, each in an incarnation of
     its own (after those the random faults already planned); and half the
     tokenizer's sends late, so that a request's first tokens often reach the
     detokenizer before the frontend has opened its stream (a window to die in)."""

@@ -10,7 +10,10 @@ from rt.chaos.campaign import Outcome, most_severe
 from rt.chaos.ledger import TERMINAL
 from rt.chaos.schedule import Fault
 
-CHECKERS = ("terminal", "outcome", "stream", "reference", "mix-up", "splice", "engine", "leak")
+CHECKERS = (
+    *("terminal", "outcome", "stream", "reference", "mix-up", "splice", "engine", "leak"),
+    "harness",  # (the harness's own trouble: it failed a run, unseen on the checks line)
+)
 STATES = (*TERMINAL, "hung", "lost")
 MAX_FINDINGS = 12
 
@@ -40,6 +43,7 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "outputs_checked": verdict.checked,
         "restarts": restarts,
         "faults_planned": len(outcome.schedule.faults),
+        "faults_delays": sum(f.kind == "delay" for f in outcome.schedule.faults),
         "faults_fired": len(fired),
         "faults_never_fired": [f.describe() for f in never_fired(outcome)],
         "figures": {
@@ -113,7 +117,8 @@ def render(outcome: Outcome) -> str:
     lines = [
         f"rt-chaos  seed {s['seed']}  {s['mode']}  {s['dtype']}  concurrency {s['concurrency']}  "
         f"{s['seconds']:.0f} s  faults planned {s['faults_planned']}, fired {s['faults_fired']} "
-        f"times, {len(s['faults_never_fired'])} never",
+        f"times, {len(s['faults_never_fired'])} never"
+        + (f" ({s['faults_delays']} delays, which leave no line)" if s["faults_delays"] else ""),
         f"requests  {req['sent']} sent: "
         + ", ".join(f"{k} {req[k]}" for k in STATES if req[k] or k in ("completed", "hung", "lost"))
         + (f"  (hostile: {s['hostile']})" if s["hostile"] else ""),

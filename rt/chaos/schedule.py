@@ -197,7 +197,7 @@ class ScheduleConfig:
     backlog_s: tuple[float, float] = (0.02, 0.3)  # a backlog fault's stop of the reader
     signal_share: float = 0.5  # of the kinds both ways can fire (sigkill, sigsegv)
     # a sweep: SIGKILL each actor in sweep_actors at each of the first ``sweep`` hits of
-    # receive and of send, one incarnation after another (every frame boundary of a
+    # receive, of send and of commit, one incarnation after another (every frame boundary of a
     # request's life, when requests go one at a time)
     sweep: int = 0
     sweep_actors: tuple[str, ...] = ("tokenizer0", "scheduler", "detokenizer")

@@ -91,3 +91,21 @@ def test_a_run_in_which_no_planned_fault_fired_is_inconclusive() -> None:
     assert summary(quiet)["inconclusive"] and not summary(outcome([]))["inconclusive"]
     quiet.verdict = Verdict([Finding("outcomes", "lost", 0)], checked=1)
     assert render(quiet).endswith("FAIL")  # (a failure without faults stays one)
+
+
+def test_a_harness_finding_shows_on_the_checks_line_and_delays_are_said_unseen() -> None:
+    """The checks line had no harness column (a run it failed passed every column
+    shown), and a delay counted as planned, never as fired, unexplained."""
+    failed = outcome([Finding("harness", "a request raised in the harness")])
+    failed.schedule = Schedule(
+        9,
+        (
+            *failed.schedule.faults,
+            Fault(1, "delay", "detokenizer", "plan", "frame", point="receive"),
+        ),
+    )
+    text = render(failed)
+    checks = next(line for line in text.splitlines() if line.startswith("checks"))
+    assert "harness FAIL" in checks, checks
+    assert "planned 2, fired 1 times, 0 never (1 delays, which leave no line)" in text, text
+    assert summary(failed)["checks"]["harness"] == "FAIL"
