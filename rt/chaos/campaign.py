@@ -205,7 +205,8 @@ async def shrink(
     start = list(schedule.faults)
     cut = causal_faults(ledger, schedule, found_at) if ledger is not None else start
     cut_tried: tuple[int, bool] | None = None
-    if len(cut) < len(start) and budget > 1:
+    # (none before it: ddmin's first replay is the empty set, which it was twice)
+    if cut and len(cut) < len(start) and budget > 1:
         say(f"shrink: {len(cut)} of {len(start)} faults fired before the finding")
         budget -= 1
         cut_tried = (len(cut), await fails(cut))

@@ -54,3 +54,30 @@ def test_a_timed_run_is_replayed_only_past_its_finding() -> None:
     assert replay_duration(600.0, 20.0) == 50.0  # + at least 30 s
     assert replay_duration(600.0, 590.0) == 600.0  # never longer than the run
     assert replay_duration(600.0, None) == 600.0 and replay_duration(None, 5.0) is None
+
+
+async def test_a_finding_before_any_fault_is_replayed_once_with_none(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """No fault fired before the finding: the cut is the empty set, which ddmin
+    replays first too; it was replayed twice (a whole run each)."""
+    import importlib
+
+    from rt.chaos.run import RunConfig
+
+    campaign = importlib.import_module("rt.chaos.campaign")  # (rt.chaos.campaign: a function)
+
+    replays: list[list[int]] = []
+
+    async def judged_run(run, subset, judge, path):  # type: ignore[no-untyped-def]
+        # (the engine's runs stand aside: this is the shrink's bookkeeping of them)
+        replays.append([f.id for f in subset.faults])
+        return Ledger.of([]), Verdict(findings=[Finding("outcome", "x", 0)])
+
+    monkeypatch.setattr(campaign, "judged_run", judged_run)
+    ledger = Ledger.of(events())
+    verdict = Verdict(findings=[Finding("outcome", "x", 0)])  # at 9.0; faults at 3.0, 8.5
+    early = Ledger.of([e | {"t": e["t"] + 10} if e["ev"] == "fault" else e for e in events()])
+    run = RunConfig(seed=1, log_dir=str(tmp_path))
+    shrunk, _ = await campaign.shrink(run, schedule(5), verdict, None, 8, lambda _: None, early)
+    assert replays == [[]] and shrunk.items == [] and shrunk.tries == 1
+    shrunk, _ = await campaign.shrink(run, schedule(5), verdict, None, 8, lambda _: None, ledger)
+    assert replays[1] == [0, 2]  # (faults that fired before it: the cut, then ddmin's)
