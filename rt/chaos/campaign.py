@@ -39,6 +39,7 @@ class CampaignConfig:
     shrink_budget: int = 12  # replays at most
     only: tuple[int, ...] | None = None  # replay just these fault ids
     plan: Schedule | None = None  # run this schedule instead of drawing one
+    argv: tuple[str, ...] | None = None  # the command line's (its replay command is built on it)
 
 
 @dataclass
@@ -102,7 +103,7 @@ async def campaign(
     Path(run.log_dir).mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     say(f"run: seed {run.seed}, {len(schedule.faults)} faults, {run.mode}")
-    path = str(Path(run.log_dir) / f"ledger-{run.seed}.jsonl")
+    path = unused(Path(run.log_dir) / f"ledger-{run.seed}.jsonl")
     ledger, verdict = await judged_run(run, schedule, judge, path)
     outcome = Outcome(
         config, schedule, ledger, path, verdict, figures.per_fault(ledger),
@@ -115,6 +116,16 @@ async def campaign(
         )
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def unused(path: Path) -> str:
+    """``path``, or the first of ``name-2``, ``name-3``, … that is no file yet: a
+    replay in the same log directory kept the failing run's ledger (it wrote over it)."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return str(candidate)
 
 
 async def judged_run(
@@ -195,7 +206,7 @@ async def shrink(
     async def fails(faults: list[Fault]) -> bool:
         subset = schedule.subset([f.id for f in faults])
         ids = tuple(f.id for f in faults)
-        path = str(Path(run.log_dir) / f"ledger-{run.seed}-shrink-{len(verdicts) + 1}.jsonl")
+        path = unused(Path(run.log_dir) / f"ledger-{run.seed}-shrink-{len(verdicts) + 1}.jsonl")
         _, got = await judged_run(run, subset, judge, path)
         verdicts[ids] = got
         failed = bool(got.checkers() & wanted)

@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         config = configure(args)
     except UsageError as err:
         parser.error(str(err))
+    config = replace(config, argv=tuple(sys.argv[1:] if argv is None else argv))
 
     def say(line: str) -> None:
         if not args.quiet:

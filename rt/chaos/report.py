@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from typing import Any
 
@@ -100,9 +101,29 @@ def _fired(e: dict[str, Any]) -> str:
     )
 
 
+REPLACED = ("--seed", "--replay", "--faults")  # (the replay command sets its own)
+
+
 def replay_command(outcome: Outcome) -> str:
+    """The command that runs the shortest failing schedule again: the run's own
+    command line (when the CLI gave it) with ``--replay SEED --faults IDS`` for its
+    seed and fault options (a ``--schedule`` run keeps its file: a seed would draw
+    another schedule)."""
     ids = ",".join(str(f.id) for f in outcome.shrunk.items) if outcome.shrunk else ""
-    return f"rt-chaos --replay {outcome.config.run.seed} --faults {ids or 'none'} (with the same options)"
+    argv = outcome.config.argv
+    if argv is None:
+        return f"rt-chaos --replay {outcome.config.run.seed} --faults {ids or 'none'} (with the same options)"
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in REPLACED:
+            skip = True  # (and its value)
+        elif not arg.startswith(tuple(f"{name}=" for name in REPLACED)):
+            kept.append(arg)
+    seed = [] if outcome.config.plan is not None else ["--replay", str(outcome.config.run.seed)]
+    return shlex.join(["rt-chaos", *kept, *seed, "--faults", ids or "none"])
 
 
 def _ms(stats: dict[str, float] | None) -> str:

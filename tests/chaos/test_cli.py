@@ -129,7 +129,9 @@ def test_a_failing_run_exits_1_with_its_shortest_schedule(tmp_path, capsys) -> N
     assert not report["passed"] and report["checks"]["engine"] == "FAIL"
     assert report["shrunk"]["ids"] == [0, 1] and report["shrunk"]["for"] == "engine"
     assert report["shrunk"]["replays"] == 4 and not report["shrunk"]["budget_ran_out"]
-    assert report["shrunk"]["replay"].startswith("rt-chaos --replay 3 --faults 0,1")
+    replay = report["shrunk"]["replay"]  # (the run's command: its schedule, the faults kept)
+    assert replay.startswith("rt-chaos --in-process") and replay.endswith("--faults 0,1"), replay
+    assert f"--schedule {path}" in replay and "--replay" not in replay, replay
 
 
 @pytest.mark.parametrize(

@@ -109,3 +109,31 @@ def test_a_harness_finding_shows_on_the_checks_line_and_delays_are_said_unseen()
     assert "harness FAIL" in checks, checks
     assert "planned 2, fired 1 times, 0 never (1 delays, which leave no line)" in text, text
     assert summary(failed)["checks"]["harness"] == "FAIL"
+
+
+def test_the_replay_command_is_the_runs_own_with_its_seed_and_shortest_faults() -> None:
+    """It said "rt-chaos --replay 9 --faults 0 (with the same options)": no command
+    to run; for a --schedule run a wrong one (a seed draws another schedule)."""
+    from dataclasses import replace
+
+    failed = outcome([Finding("terminal", "hung", 0)])
+    argv = ("--in-process", "--seed", "9", "--requests", "12", "--faults=0,3", "--kinds", "raise")
+    failed.config = replace(failed.config, argv=argv)
+    assert summary(failed)["shrunk"]["replay"] == (
+        "rt-chaos --in-process --requests 12 --kinds raise --replay 9 --faults 0"
+    )
+    failed.config = replace(
+        failed.config, argv=("--schedule", "my plan.json", "--faults", "0,3"), plan=failed.schedule
+    )
+    assert summary(failed)["shrunk"]["replay"] == "rt-chaos --schedule 'my plan.json' --faults 0"
+
+
+def test_a_ledger_already_in_the_log_directory_is_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from rt.chaos.campaign import unused
+
+    first = tmp_path / "ledger-9.jsonl"
+    assert unused(first) == str(first)
+    first.write_text("the failing run's\n")
+    assert unused(first) == str(tmp_path / "ledger-9-2.jsonl")
+    (tmp_path / "ledger-9-2.jsonl").write_text("")
+    assert unused(first) == str(tmp_path / "ledger-9-3.jsonl")
