@@ -235,7 +235,10 @@ async def _run_engine(
                 for a in engine.actors():
                     ledger.write("stopped", name=a.name, reason=a.last_exit_reason)
         except Exception as err:  # an escalation comes out of open_engine as a group
-            ledger.write("escalated", error=_innermost(err))
+            if _engines(err):  # rt's own errors: the engine gave up
+                ledger.write("escalated", error=_innermost(err))
+            else:  # the harness's (a bug of its own is no failure of the engine's)
+                ledger.write("error", what=f"the harness raised {_innermost(err)}")
         plan_faults = [f for f in schedule.faults if f.via == "plan"]
         record_fault_lines(ledger, lines, plan_faults, "shutdown")  # the last ones
         for line in leaks.leaks(before, tag=tag, ignore_pids=hog_pids):
@@ -253,6 +256,15 @@ def _removed(plan: str | None) -> Iterator[None]:
     finally:
         if plan is not None:
             Path(plan).unlink(missing_ok=True)
+
+
+def _engines(err: BaseException) -> bool:
+    """Whether ``err`` (a group: its first) is one of rt's errors."""
+    from rt.errors import RtError
+
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:
+        err = err.exceptions[0]
+    return isinstance(err, RtError)
 
 
 def _innermost(err: BaseException) -> str:

@@ -167,3 +167,23 @@ async def test_kills_behind_a_stopped_reader_lose_nothing(tmp_path: Path) -> Non
         )  # fmt: skip
         assert (back and continued >= back[0]) or continued >= stopped + 0.6 * 3.0 - 0.05, report
     assert sum(e["state"] == "completed" for e in outcome.ledger.of_kind("end")) >= 16, report
+
+
+async def test_the_harnesss_own_error_is_no_failure_of_the_engine(tmp_path: Path) -> None:
+    """A bug of the harness's (here: a semaphore of -1 requests in flight, which the
+    CLI now refuses) was recorded as the engine giving up: an engine FAIL."""
+    from rt.chaos.checks import engine
+    from rt.chaos.ledger import Ledger
+    from rt.chaos.run import run_once
+    from rt.chaos.schedule import Schedule
+
+    run = RunConfig(seed=1, mode="engine", requests=1, concurrency=-1, log_dir=str(tmp_path),
+                    engine={**ENGINE, "load_format": "null"})  # fmt: skip
+    ledger = Ledger(str(tmp_path / "ledger.jsonl"))
+    try:
+        await run_once(run, Schedule(1, ()), ledger)
+    finally:
+        ledger.close()
+    found = engine(Ledger.load(str(tmp_path / "ledger.jsonl")))
+    assert [f.checker for f in found] == ["harness"], found
+    assert "the harness raised ValueError" in found[0].message, found
