@@ -16,7 +16,8 @@ The body of a request is that of ``POST /generate`` (``text`` or
 another type), which
 this client refuses before sending, with :class:`rt.errors.InvalidRequestError`
 naming the field. Cancelling the task that awaits a request, or leaving a
-stream early, sends ``cancel`` for it.
+stream early, sends ``cancel`` for it (a stream kept in a name: from ``async
+with client.stream(...) as stream:``, or ``await stream.aclose()``).
 
 Errors: an ``error`` frame raises :class:`RemoteError` (a
 :class:`rt.errors.RequestError`, with the frame's ``status`` and ``message``);
@@ -244,8 +245,11 @@ def _encode(frame: Frame) -> str:
 
 
 class Stream:
-    """The deltas of one request, as an async iterator (a class, not an async
-    generator: leaving it early needs no ``aclosing``, and sends ``cancel`` at once)."""
+    """The deltas of one request, as an async iterator. Leaving it early sends
+    ``cancel``: ``async with client.stream(...) as stream:`` (or ``await
+    stream.aclose()``) does so at once; an ``async for`` over the call itself,
+    as soon as the stream is collected (a ``break`` from a stream kept in a name
+    sent nothing, and the server made every token)."""
 
     def __init__(self, client: Client, body: Frame) -> None:
         self._client = client
@@ -258,6 +262,12 @@ class Stream:
 
     def __aiter__(self) -> Stream:
         return self
+
+    async def __aenter__(self) -> Stream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def __anext__(self) -> Delta:
         while not self._done:
@@ -324,10 +334,18 @@ async def connect(
     A frame from the server over ``max_message_size`` bytes ends the connection
     (close code 1009). Every ``ping_interval`` seconds (None: never) the client
     pings; a server that answers none within ``ping_timeout`` is taken for gone.
+    A timeout or interval that is not a positive number is a ValueError naming it.
 
     Raises :class:`rt.errors.Broken` when no connection can be opened within
     ``connect_timeout`` seconds: nothing listening, or a refused handshake (a
     401 for a missing key, a 404 for a wrong path)."""
+    for name, value in (
+        ("connect_timeout", connect_timeout),
+        ("ping_timeout", ping_timeout),
+        ("ping_interval", ping_interval),
+    ):  # (a negative one was trio's ValueError, 0 a ping loop or every ping missed)
+        if value is not None and not (isinstance(value, int | float) and value > 0):
+            raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
     target = ws_url(url)
     parts = urlsplit(target)
     host, tls = parts.hostname or "127.0.0.1", parts.scheme == "wss"
@@ -345,7 +363,8 @@ async def connect(
                 stream = await trio.open_tcp_stream(host, port)
     except (OSError, trio.TooSlowError) as err:
         raise errors.Broken(
-            f"cannot connect to {target}: {err or 'timed out'}; is rt-serve listening there?"
+            f"cannot connect to {target}: {str(err) or f'timed out after {connect_timeout:g} s'}; "
+            "is rt-serve listening there?"
         ) from err
     async with stream:
         try:

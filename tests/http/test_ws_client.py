@@ -60,3 +60,41 @@ async def test_a_frame_over_max_message_size_says_which_limit_to_raise(
     async with connect(default_server.url, max_message_size=2048) as client:
         with pytest.raises(errors.Broken, match=r"1009.*over this client's max_message_size"):
             await client.generate("big frame", sampling_params=params, **body)
+
+
+async def test_a_stream_left_from_its_async_with_is_cancelled_at_once(
+    default_server: Server,
+) -> None:
+    """A stream kept in a name (to read its meta_info) and left with ``break`` sent
+    no cancel: the server made all its tokens. ``async with`` sends it on leaving."""
+    params = {"max_new_tokens": 400, "ignore_eos": True}
+    async with connect(default_server.url) as client:
+        async with client.stream("left early", sampling_params=params) as stream:
+            async for delta in stream:
+                assert delta.text is not None
+                break
+        assert client.in_flight == 0  # (cancelled: no longer routed)
+        # the server's side: the request ends with an abort, far from its 400 tokens
+        with trio.fail_after(30):
+            while default_server.info()["requests_in_flight"]:
+                await trio.sleep(0.05)
+        assert stream.meta_info is None  # (no done frame read: it left before)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("connect_timeout", -1), ("ping_timeout", 0), ("ping_interval", 0), ("ping_interval", "1")],
+)
+async def test_a_timeout_that_is_no_positive_number_is_refused_by_name(
+    option: str, value: object
+) -> None:
+    with pytest.raises(ValueError, match=f"^{option}: expected a positive number of seconds"):
+        async with connect("ws://127.0.0.1:1/ws", **{option: value}):  # type: ignore[arg-type]
+            pass
+
+
+async def test_a_connect_that_times_out_says_so() -> None:
+    """The reason was empty ("cannot connect to …: ; is rt-serve listening there?")."""
+    with pytest.raises(errors.Broken, match=r": timed out after 1e-06 s; is rt-serve"):
+        async with connect("ws://127.0.0.1:1/ws", connect_timeout=1e-6):
+            pass
