@@ -399,9 +399,12 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         checked.chat_template_text()  # a file that is not there, a template that cannot compile
         if checked.scheduler_cpus is not None:
             split_cpus(checked.scheduler_cpus)  # a CPU this process may not run on
-        if isinstance(checked.fault_plan, str):  # a plan that cannot be read or parsed,
-            # or names an actor or a point there is not (it exited 1, the engine begun)
-            FaultPlan.load(checked.fault_plan).check_actors(supervisor_spec(checked).actors())
+        # a plan (--fault-plan's, or RT_FAULT_PLAN's) that cannot be read or parsed, or
+        # names an actor or a point there is not (it exited 1, the engine begun)
+        plan = checked.fault_plan
+        plan = FaultPlan.load(plan) if isinstance(plan, str) else plan or FaultPlan.from_env()
+        if plan is not None:
+            plan.check_actors(supervisor_spec(checked).actors())
         settings = http_settings(args)
         check_address(settings.host, settings.port)
     except errors.ConfigError as err:

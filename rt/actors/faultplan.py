@@ -114,13 +114,29 @@ _INTS = ("after", "times", "incarnation", "max_incarnation", "exit_code")
 _STRS = ("point", "action", "actor", "hang", "match")
 
 
+def _whole(value: Any) -> int | None:
+    """``value`` as an integer: an int, a float with no fraction (TOML's ``3.0``,
+    taken before), or a string of digits (a seed's, taken before); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
 def _check_types(rule: FaultRule) -> None:
     """Each field of the type it needs (a plan is the user's JSON or TOML: a list for
     a point, or 1e400 for times, raised a TypeError, or was taken as infinity)."""
     for name in _INTS:
         value = getattr(rule, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        whole = None if isinstance(value, str) else _whole(value)
+        if value is not None and whole is None:
             raise ConfigError(f"fault rule: {name} must be an integer, got {value!r}")
+        object.__setattr__(rule, name, whole)
     for name in _STRS:
         value = getattr(rule, name)
         if not isinstance(value, str) and not (value is None and name == "match"):
@@ -145,9 +161,9 @@ class FaultPlan:
         unknown = set(data) - {"seed", "faults"}
         if unknown:
             raise ConfigError(f"fault plan: unknown keys {sorted(unknown)}; expected seed, faults")
-        seed, faults = data.get("seed", 0), data.get("faults", ())
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"fault plan: seed must be an integer, got {seed!r}")
+        seed, faults = _whole(data.get("seed", 0)), data.get("faults", ())
+        if seed is None:
+            raise ConfigError(f"fault plan: seed must be an integer, got {data['seed']!r}")
         if not isinstance(faults, list | tuple):
             raise ConfigError(f"fault plan: faults must be a list of rules, got {faults!r}")
         rules = []

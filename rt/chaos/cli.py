@@ -96,7 +96,10 @@ def listed(choices: tuple[str, ...] | None = None) -> Any:
     def known(x: str) -> bool:
         if choices is not None:
             return x in choices
-        return role(x) in POINTS and (role(x) == "tokenizer") == (x != role(x))
+        if role(x) != "tokenizer":
+            return x in POINTS
+        number = x[len("tokenizer") :]
+        return number.isdigit() and x == f"tokenizer{int(number)}"  # (not tokenizer01)
 
     def parse(text: str) -> tuple[str, ...]:
         items = tuple(x.strip() for x in text.split(",") if x.strip())
@@ -251,6 +254,15 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
     # a fault every 15 s or so (a scheduler takes seconds to come back), or per 5 requests
     drawn = int(args.duration / 15) if args.duration else size // 5
     count = args.fault_count if args.fault_count is not None else max(8, min(200, drawn))
+    workers = args.tokenizer_workers or 1
+    absent = [a for a in args.actors if role(a) == "tokenizer" and int(a[9:]) >= workers]
+    if (
+        absent and mode != "attach"
+    ):  # (a running server's own count is its to say)  # (the engine refused its plan at start: "the engine gave up", a FAIL)
+        raise UsageError(
+            f"--actors: {', '.join(absent)}: the engine runs {workers} tokenizer worker(s) "
+            f"(tokenizer0 … tokenizer{workers - 1}); --tokenizer-workers sets how many"
+        )
     kinds, poison = args.kinds, args.poison
     if mode == "attach":  # a running rt-serve has no fault plan of ours: signals only
         kinds = tuple(k for k in kinds if k in SIGNAL_KINDS)
@@ -279,7 +291,9 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
     options: dict[str, Any] = {
         "dtype": args.dtype,
         "watchdog_timeout": args.watchdog_timeout,
-        "max_restarts": args.max_restarts or 2 * (count + poison) + 9 * args.sweep + 5,
+        "max_restarts": args.max_restarts
+        if args.max_restarts is not None  # (0 was taken for none given)
+        else 2 * (count + poison) + 9 * args.sweep + 5,
         "max_total_tokens": 1 << 15,
     }
     for name in ("ring_capacity", "model_path", "tokenizer_workers", "load_format"):

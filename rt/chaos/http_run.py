@@ -18,6 +18,7 @@ from rt.chaos.run import (
     engine_options,
     kill_during_shutdown,
     put_in_flight,
+    removed,
     shutdown_fault,
     write_plan,
 )
@@ -70,7 +71,7 @@ async def run_server(
     log = open(Path(config.log_dir) / f"rt-serve-{config.seed}.log", "ab")  # noqa: SIM115
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     server_pid = None
-    with log:
+    with log, removed(plan):  # (the plan file: however the run ends, a Ctrl-C too)
         async with httpx.AsyncClient(timeout=None, limits=limits) as http:
             try:
                 async with open_server(server_args(engine_options(config), plan), log) as server:
@@ -96,13 +97,17 @@ async def run_server(
                     ledger.write("shutdown", what="rt-serve exited",
                                  seconds=time.monotonic() - started)  # fmt: skip
                 ledger.write("server", code=code, tail="\n".join(list(server.tail)[-3:]))
-            except RuntimeError as err:  # it never became ready
+            except (RuntimeError, BaseExceptionGroup) as err:  # it never became ready
+                if isinstance(err, BaseExceptionGroup):  # (out of a nursery: a group of it)
+                    never, other = err.split(RuntimeError)
+                    if never is None or other is not None:
+                        raise
+                    while isinstance(err, BaseExceptionGroup):
+                        err = err.exceptions[0]
                 ledger.write("server", code=-1, tail=str(err)[-2000:])
     if server_pid is not None:
         for line in leaks.leaks(before, root_pids=[server_pid], tag=tag, ignore_pids=hog_pids):
             ledger.write("leak", what=line)
-    if plan is not None:
-        Path(plan).unlink(missing_ok=True)
 
 
 async def run_attached(config: RunConfig, schedule: Schedule, ledger: Ledger) -> None:

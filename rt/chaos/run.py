@@ -213,43 +213,50 @@ async def _run_engine(
     if plan is not None:
         options["fault_plan"] = plan
     log = open(Path(config.log_dir) / f"stderr-{config.seed}.log", "ab")  # noqa: SIM115
-    stopped_by = None
-    with log, StderrTap(log).installed() as lines, _removed(plan):
+    opened: list[Any] = []  # the engine, once open: its stopped_by, however it ends
+    own: list[BaseException] = []  # what the harness's own part of the body raised
+    with log, StderrTap(log).installed() as lines, removed(plan):
         before = leaks.snapshot()
         started = time.monotonic()  # (a signal may end the body before it is set below)
         try:
             async with trio.open_nursery() as outer:
                 async with rt.open_engine(**options) as engine:
-                    sender = engine_sender(engine)
-                    load, monitor = await drive(
-                        config, schedule, ledger, EngineTarget(engine), sender, lines
-                    )
-                    await put_in_flight(config, outer, sender, ledger, load)
-                    fault = shutdown_fault(schedule)
-                    if fault is not None:
-                        outer.start_soon(kill_during_shutdown, fault, monitor, ledger, 0.05)
+                    opened.append(engine)
+                    try:
+                        sender = engine_sender(engine)
+                        load, monitor = await drive(
+                            config, schedule, ledger, EngineTarget(engine), sender, lines
+                        )
+                        await put_in_flight(config, outer, sender, ledger, load)
+                        fault = shutdown_fault(schedule)
+                        if fault is not None:
+                            outer.start_soon(kill_during_shutdown, fault, monitor, ledger, 0.05)
+                    except Exception as err:
+                        own.append(err)
+                        raise
                     ledger.write("shutdown", what="leaving open_engine")
                     started = time.monotonic()
                 ledger.write("shutdown", what="engine stopped", seconds=time.monotonic() - started)
-                stopped_by = engine.stopped_by  # (open_engine takes SIGINT in the main thread)
                 for a in engine.actors():
                     ledger.write("stopped", name=a.name, reason=a.last_exit_reason)
         except Exception as err:  # an escalation comes out of open_engine as a group
-            if _engines(err):  # rt's own errors: the engine gave up
-                ledger.write("escalated", error=_innermost(err))
-            else:  # the harness's (a bug of its own is no failure of the engine's)
+            if own and _only(err, own[0]) and not _rt_error(own[0]):  # the harness's own
                 ledger.write("error", what=f"the harness raised {_innermost(err)}")
+            else:  # out of the engine (its tasks, its start, its stop): it gave up
+                ledger.write("escalated", error=_innermost(err))
         plan_faults = [f for f in schedule.faults if f.via == "plan"]
         record_fault_lines(ledger, lines, plan_faults, "shutdown")  # the last ones
         for line in leaks.leaks(before, tag=tag, ignore_pids=hog_pids):
             ledger.write("leak", what=line)
+    # (open_engine takes SIGINT in the main thread: a drain, ended well or not)
+    stopped_by = opened[0].stopped_by if opened else None
     if stopped_by is not None:
         ledger.write("note", what=f"interrupted by {stopped_by}")
         raise Interrupted(stopped_by)
 
 
 @contextlib.contextmanager
-def _removed(plan: str | None) -> Iterator[None]:
+def removed(plan: str | None) -> Iterator[None]:
     """The run's plan file is removed at its end (a Ctrl-C before the engine was up too)."""
     try:
         yield
@@ -258,12 +265,22 @@ def _removed(plan: str | None) -> Iterator[None]:
             Path(plan).unlink(missing_ok=True)
 
 
-def _engines(err: BaseException) -> bool:
-    """Whether ``err`` (a group: its first) is one of rt's errors."""
+def _only(err: BaseException, raised: BaseException) -> bool:
+    """Whether ``err`` is what ``raised`` holds and nothing else (but the
+    Cancelled echoes of it; a group of it, as nurseries wrap it)."""
+    from rt.groups import only
+
+    if isinstance(err, BaseExceptionGroup):
+        return only(err, raised)
+    return err is raised
+
+
+def _rt_error(err: BaseException) -> bool:
+    """Whether ``err`` is, or holds, one of rt's errors."""
     from rt.errors import RtError
 
-    while isinstance(err, BaseExceptionGroup) and err.exceptions:
-        err = err.exceptions[0]
+    if isinstance(err, BaseExceptionGroup):
+        return any(_rt_error(e) for e in err.exceptions)
     return isinstance(err, RtError)
 
 

@@ -86,6 +86,18 @@ def test_bad_plans_are_refused_with_the_reason(data: dict, message: str) -> None
         FaultPlan.from_dict(data)
 
 
+def test_whole_numbers_written_as_floats_or_a_seed_as_digits_are_taken() -> None:
+    """As they were before the fields' types were checked (TOML's ``after = 3.0``)."""
+    rule = {"point": "loop", "action": "raise", "after": 3.0, "times": 1.0, "incarnation": 2.0}
+    plan = FaultPlan.from_dict({"seed": 7.0, "faults": [rule]})
+    assert plan.seed == 7 and type(plan.seed) is int
+    (got,) = plan.rules
+    assert (got.after, got.times, got.incarnation) == (3, 1, 2) and type(got.after) is int
+    assert FaultPlan.from_dict({"seed": "7"}).seed == 7
+    with pytest.raises(ConfigError, match="after must be an integer, got '3'"):
+        FaultPlan.from_dict({"faults": [{**rule, "after": "3"}]})
+
+
 def test_bad_text_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not valid json"):
         FaultPlan.parse("{nope")

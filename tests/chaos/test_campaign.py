@@ -169,6 +169,17 @@ async def test_kills_behind_a_stopped_reader_lose_nothing(tmp_path: Path) -> Non
     assert sum(e["state"] == "completed" for e in outcome.ledger.of_kind("end")) >= 16, report
 
 
+def test_an_error_is_the_harnesss_only_when_its_own_part_raised_it_alone() -> None:
+    """By where it came from, not its type: a KeyError out of an engine task is the
+    engine's (taken for the harness's by type, the engine check passed)."""
+    from rt.chaos.run import _only
+
+    own = ValueError("the harness's")
+    assert _only(own, own) and _only(ExceptionGroup("g", [own, ExceptionGroup("h", [own])]), own)
+    assert not _only(KeyError("an engine task's"), own)
+    assert not _only(ExceptionGroup("g", [own, KeyError("an engine task's")]), own)
+
+
 async def test_the_harnesss_own_error_is_no_failure_of_the_engine(tmp_path: Path) -> None:
     """A bug of the harness's (here: a semaphore of -1 requests in flight, which the
     CLI now refuses) was recorded as the engine giving up: an engine FAIL."""

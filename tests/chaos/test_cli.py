@@ -30,6 +30,14 @@ def test_defaults_start_rt_serve_with_sse_and_websocket_load() -> None:
     assert not config("--no-until-faults").run.until_faults
 
 
+def test_max_restarts_0_is_taken() -> None:
+    """0 was taken for none given: the default, a restart per fault and more."""
+    assert config("--max-restarts", "0").run.engine["max_restarts"] == 0
+    assert config("--tokenizer-workers", "2", "--actors", "tokenizer1").schedule.actors == (
+        "tokenizer1",
+    )
+
+
 def test_in_process_attach_and_duration() -> None:
     assert config("--in-process").run.workload.transports == ("engine",)
     attached = config("--url", "http://127.0.0.1:1234", "--duration", "5m")
@@ -148,6 +156,9 @@ def test_a_failing_run_exits_1_with_its_shortest_schedule(tmp_path, capsys) -> N
         (["--hostile", "5"], "--hostile: expected a number in [0, 1]"),
         (["--timeout", "-1"], "--timeout: expected a number"),  # (every request "hung")
         (["--poison", "-2"], "--poison: expected an integer >= 0"),
+        # (refused at the engine's start: "the engine gave up", an engine FAIL)
+        (["--actors", "tokenizer1"], "--actors: tokenizer1: the engine runs 1 tokenizer worker"),
+        (["--actors", "tokenizer01"], "unknown ['tokenizer01']"),
     ],
 )
 def test_a_command_line_that_cannot_run_exits_2_naming_what(  # type: ignore[no-untyped-def]

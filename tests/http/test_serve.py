@@ -175,6 +175,17 @@ def test_a_bad_flag_exits_2_with_a_message(
     assert argv[0].lstrip("-").split("-")[0] in capsys.readouterr().err
 
 
+def test_a_plan_in_rt_fault_plan_is_checked_as_one_in_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rule = {"actor": "scheduler", "point": "stepp", "action": "raise"}
+    monkeypatch.setenv("RT_FAULT_PLAN", str(write_plan(tmp_path / "p.json", {"faults": [rule]})))
+    with pytest.raises(SystemExit) as exit_:  # (it exited 1, once the engine had begun)
+        main(["--load-format", "null"])
+    assert exit_.value.code == 2
+    assert "passes point 'stepp'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("rule", "said"),
     [
