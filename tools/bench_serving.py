@@ -53,6 +53,7 @@ from typing import Any
 # its siblings: launch_servers, serving_figures
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch_servers import (
+    LAUNCHABLE,
     client_pinned,
     free_port,
     launched,
@@ -61,6 +62,8 @@ from launch_servers import (
     server_command,
 )
 from serving_figures import Record, summarize
+
+from rt.errors import RtError
 
 # ---- the requests (pure) ---------------------------------------------------------
 
@@ -354,15 +357,21 @@ async def bench_http(
     return out
 
 
-async def bench_engine(args: argparse.Namespace, loads: Sequence[Workload]) -> list[dict[str, Any]]:
+async def bench_engine(
+    args: argparse.Namespace, loads: Sequence[Workload]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The runs, and the signal that stopped the engine if one did (Ctrl-C: the
+    engine drains, and what it refused after is no failure of the run's)."""
     import rt
 
+    runs: list[dict[str, Any]] = []
     async with rt.open_engine(args.model_path, **args.rt_options) as engine:
         send = partial(engine_request, engine)
-        return [
-            await measure(load, send, c)
-            for c, load in zip(args.max_concurrency, loads, strict=True)
-        ]
+        for c, load in zip(args.max_concurrency, loads, strict=True):
+            runs.append(await measure(load, send, c))
+            if engine.stopped_by:
+                break
+    return runs, engine.stopped_by
 
 
 async def measure(load: Workload, send: Send, concurrency: int) -> dict[str, Any]:
@@ -383,6 +392,22 @@ async def measure(load: Workload, send: Send, concurrency: int) -> dict[str, Any
 # ---- the command ------------------------------------------------------------------
 
 
+def number(cast: Callable[[str], Any], least: float, above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: ``cast`` of the text, at least (or above) ``least``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < least or (above and value == least) or value != value:  # (NaN too)
+            bound = f"> {least:g}" if above else f">= {least:g}"
+            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -399,20 +424,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="an engine option, for open_engine and as an rt-serve flag: load_format=null")  # fmt: skip
     add("--extra-body", type=json.loads, default={}, help="JSON merged into each completion body")
     add("--api-key")
-    add("--num-prompts", type=int, default=200)
-    add("--input-len", type=int, default=128)
-    add("--output-len", type=int, default=64)
-    add("--range-ratio", type=float, default=1.0, help="lengths in [ratio × len, len]; 1: fixed")
-    add("--request-rate", type=float, default=math.inf, help="req/s, Poisson (default: inf)")
+    add("--num-prompts", type=number(int, 1), default=200)
+    add("--input-len", type=number(int, 1), default=128)
+    add("--output-len", type=number(int, 1), default=64)
+    add("--range-ratio", type=number(float, 0, above=True), default=1.0,
+        help="lengths in [ratio × len, len]; 1: fixed")  # fmt: skip
+    add("--request-rate", type=number(float, 0, above=True), default=math.inf,
+        help="req/s, Poisson (default: inf)")  # fmt: skip
     add("--max-concurrency", default="0", help="a limit, or a list run in turn (1,16,64); 0: none")
-    add("--warmup", type=int, help="requests before each run, not measured (default: conc)")
-    add("--torch-threads", type=int, help="OMP_NUM_THREADS for the servers and actors started")
+    add(
+        "--warmup",
+        type=number(int, 0),
+        help="requests before each run, not measured (default: conc)",
+    )
+    add("--torch-threads", type=number(int, 1),
+        help="OMP_NUM_THREADS for the servers and actors started")  # fmt: skip
     add("--client-cpus", help="pin this tool to these CPUs ('0') while it sends HTTP load")
     add("--seed", type=int, default=0)
-    add("--launch-timeout", type=float, default=300.0)
+    add("--launch-timeout", type=number(float, 0, above=True), default=300.0)
     add("--json", action="store_true", help="print one JSON document")
     args = p.parse_args(argv)
-    args.max_concurrency = [int(c) for c in str(args.max_concurrency).split(",")]
+    if args.range_ratio > 1:
+        p.error(f"--range-ratio: expected a number in (0, 1], got {args.range_ratio:g}")
+    try:
+        args.max_concurrency = [int(c) for c in str(args.max_concurrency).split(",")]
+    except ValueError:
+        p.error(f"--max-concurrency: expected integers (1,16,64), got {args.max_concurrency!r}")
+    if any(c < 0 for c in args.max_concurrency):
+        p.error(f"--max-concurrency: expected limits >= 0 (0: none), got {args.max_concurrency}")
     args.backends = [b for b in args.backend.split(",") if b]
     args.launches = [k for k in args.launch.split(",") if k]
     args.rt_options = parse_options(args.rt_option)
@@ -420,6 +459,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--url or --launch is needed for the openai and ws backends")
     if unknown := set(args.backends) - {"openai", "ws", "engine"}:
         p.error(f"--backend takes openai, ws and engine, got {sorted(unknown)}")
+    if unknown := set(args.launches) - set(LAUNCHABLE):
+        p.error(f"--launch takes {', '.join(LAUNCHABLE)}, got {sorted(unknown)}")
     return args
 
 
@@ -467,12 +508,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 with client_pinned(args.client_cpus):
                     results = trio.run(bench_http, args, base, backend, body, own)
                 runs += [{"server": url or kind, "backend": backend, **r} for r in results]
+    interrupted = None
     if "engine" in args.backends:
         own = loads(len(http_backends) * len(args.max_concurrency))
-        for result in trio.run(bench_engine, args, own):
+        results, interrupted = trio.run(bench_engine, args, own)
+        for result in results:
             runs.append({"server": "rt in-process", "backend": "engine", **result})
     skip = ("count_tokens", "rt_option", "backend", "launch")
     return {
+        "interrupted": interrupted,
         "config": {k: v for k, v in vars(args).items() if k not in skip},
         "model_path": model_path,
         "cpus": os.cpu_count(),
@@ -536,11 +580,45 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def finite(value: Any) -> Any:
+    """``value`` with no infinity or NaN in it (None in their place): strict JSON
+    (the default --request-rate, inf, made every --json output invalid)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """0; 1 when a run completed no request (a server that refuses, or is not there);
+    130 when Ctrl-C stopped the in-process engine (the figures so far are printed)."""
     args = parse_args(argv)
-    result = bench(args)
-    print(json.dumps(result) if args.json else table(result))
+    try:
+        result = bench(args)
+    except (RtError, OSError) as err:  # (a model that does not load, a port in use, …)
+        print(f"bench_serving: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # (before the engine took the signal: no figures yet)
+        print("bench_serving: interrupted (SIGINT)", file=sys.stderr)
+        return 130
+    print(json.dumps(finite(result), allow_nan=False) if args.json else table(result))
+    for run in result["runs"]:
+        if args.url and (run.get("cached_percent") or 0) > 50:  # (its prompts' seed: --seed)
+            print(f"bench_serving: {run['server']} {run['backend']}: {run['cached_percent']:.0f} % "
+                  "of the prompt tokens were cached: an earlier run with this --seed filled the "
+                  "prefix cache; another --seed (or POST /flush_cache) measures cold prompts",
+                  file=sys.stderr)  # fmt: skip
+    if result.get("interrupted"):
+        print(f"bench_serving: interrupted ({result['interrupted']})", file=sys.stderr)
+        return 130
+    if any(run["completed"] == 0 for run in result["runs"]):
+        print("bench_serving: error: a run completed no request (see its errors)", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,7 +16,11 @@ a time, as a client at concurrency 1 sends them. Prints p50 / p99 / mean (ms)
 of the whole and of each part.
 
     python tools/bench_ttft.py [--model-path DIR] [--requests 64] [--input-len 64] \
-        [--rt-option device=cuda --rt-option dtype=bfloat16 ...] [--json]
+        [--torch-threads 1] [--rt-option device=cuda --rt-option dtype=bfloat16 ...] [--json]
+
+``--torch-threads 1`` is how docs/benchmarks.md measured it on a shared CPU (torch's
+own threads beside the actors' made the figures tens of times worse). Ctrl-C stops
+the run: the figures so far, then exit 130.
 """
 
 from __future__ import annotations
@@ -71,22 +75,29 @@ async def bench(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, 
         rows = []
         for i in range(args.warmup + args.requests):
             ids = [rng.randrange(3, vocab) for _ in range(args.input_len)]
-            row = await one(engine, ids, args.output_len)
+            try:
+                row = await one(engine, ids, args.output_len)
+            except rt.errors.EngineShutdownError:
+                break  # (Ctrl-C: the engine drains)
             if row is not None and i >= args.warmup:
                 rows.append(row)
+            if engine.stopped_by:
+                break
     out: dict[str, Any] = {"requests": len(rows), "input_len": args.input_len, "options": options}
+    out["interrupted"] = engine.stopped_by
     for key in ("ttft", *PARTS):
         out[key] = describe([r[key] for r in rows])  # ms: mean, p50, p99
     return out
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", default=None, help="default: the shipped model")
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=4, help="requests first, not counted")
-    parser.add_argument("--input-len", type=int, default=64)
-    parser.add_argument("--output-len", type=int, default=2)
+    parser.add_argument("--requests", type=at_least(1), default=64)
+    parser.add_argument("--warmup", type=at_least(0), default=4, help="requests first, not counted")
+    parser.add_argument("--input-len", type=at_least(1), default=64)
+    parser.add_argument("--output-len", type=at_least(1), default=2)
+    parser.add_argument("--torch-threads", type=at_least(1), help="torch's threads per process")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--rt-option",
@@ -98,16 +109,45 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     options = parse_options(args.rt_option)
-    result = trio.run(bench, args, options)
+    if args.torch_threads:
+        options.setdefault("torch_threads", args.torch_threads)
+    try:
+        result = trio.run(bench, args, options)
+    except rt.errors.RtError as err:  # (a model that does not load, an option refused)
+        print(f"bench_ttft: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result))
-        return
-    print(f"{result['requests']} requests of {args.input_len} tokens, one at a time; {options}")
-    print(f"{'':18} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
-    for key in ("ttft", *PARTS):
-        row = result[key]
-        print(f"{key:18} {row['p50']:8.2f} {row['p99']:8.2f} {row['mean']:8.2f}")
+    else:
+        said = f"; {options}" if options else ""
+        print(f"{result['requests']} requests of {args.input_len} tokens, one at a time{said}")
+        print(f"{'':18} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
+        for key in ("ttft", *PARTS):
+            row = result[key]
+            if row is None:  # (none measured: stopped in the warm-up)
+                print(f"{key:18} {'-':>8} {'-':>8} {'-':>8}")
+            else:
+                print(f"{key:18} {row['p50']:8.2f} {row['p99']:8.2f} {row['mean']:8.2f}")
+    if result["interrupted"]:
+        print(f"bench_ttft: interrupted ({result['interrupted']})", file=sys.stderr)
+        return 130
+    return 0
+
+
+def at_least(least: int) -> Any:
+    """An argparse type: an integer >= ``least``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
+        return value
+
+    return parse
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -102,6 +102,9 @@ def rt_serve_flags() -> tuple[dict[str, str], dict[tuple[str, bool], str]]:
     return names, switches
 
 
+LAUNCHABLE = ("rt", "transformers")  # the servers server_command starts
+
+
 def server_command(kind: str, port: int, model_path: str, rt_options: dict[str, Any]) -> list[str]:
     host = ["--host", "127.0.0.1", "--port", str(port)]
     if kind == "rt":

@@ -289,3 +289,22 @@ def test_the_client_is_pinned_while_it_sends_load_and_given_its_cpus_back_after(
     # and a server launched for the comparison gets the scheduler's pinning as a flag
     command = bs.server_command("rt", 1, "/m", bs.parse_options([f"scheduler_cpus={last}"]))
     assert command[-2:] == ["--scheduler-cpus", str(last)]
+
+
+def test_a_server_that_refuses_every_request_is_exit_1_and_the_json_is_strict() -> None:
+    """It exited 0 with a table of dashes; its --json held Infinity (the default
+    --request-rate), which strict parsers refuse."""
+
+    def strict(name: str) -> Any:
+        raise ValueError(f"not JSON: {name}")
+
+    argv = [sys.executable, str(TOOL), "--url", "http://127.0.0.1:1", "--num-prompts", "2",
+            "--warmup", "0", "--json"]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "a run completed no request" in out.stderr
+    result = json.loads(out.stdout, parse_constant=strict)
+    assert result["config"]["request_rate"] is None and result["runs"][0]["completed"] == 0
+    bad = subprocess.run([*argv[:2], "--url", "http://127.0.0.1:1", "--request-rate", "0"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "--request-rate: expected a number > 0" in bad.stderr
