@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rt import messages as m
+from rt.chaos.cli import at_least
 from rt.gpu.sampling_params import SamplingParams
 from rt.shm import codec
 
@@ -69,7 +70,7 @@ def bench(number: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--number", type=int, default=2000, help="calls per repeat")
+    parser.add_argument("--number", type=at_least(1), default=2000, help="calls per repeat")
     args = parser.parse_args()
     results = bench(args.number)
     if args.json:

@@ -58,6 +58,7 @@ import numpy as np
 import trio
 import zmq
 
+from rt.chaos.cli import at_least
 from rt.errors import WouldBlock
 from rt.messages import Message
 from rt.shm import Ring, RingReceiver, RingSender, RingSpec, codec, new_run_prefix
@@ -467,7 +468,7 @@ def main() -> None:
         child(transport, mode, payload, int(n), addr)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=at_least(1), default=3)
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     parser.add_argument(
         "--contend",

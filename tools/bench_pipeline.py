@@ -25,6 +25,7 @@ import numpy as np
 import trio
 
 import rt
+from rt.chaos.cli import at_least
 
 PROMPT = "The quick brown fox jumps over the lazy dog, and then it sleeps."
 
@@ -120,8 +121,8 @@ async def bench(model_path: str | None, tokens: int, quick: bool, rounds: int) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", default=None, help="default: the shipped model")
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens per stream")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=at_least(1), default=64, help="new tokens per stream")
+    parser.add_argument("--rounds", type=at_least(1), default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rt.chaos.cli import at_least
 from rt.gpu.sampler import SampleRow, sample
 from rt.gpu.sampling_params import SamplingParams
 
@@ -81,17 +82,28 @@ def measure(vocab: int, batch: int, prompt_len: int, rounds: int, steps: int) ->
     }
 
 
+def lengths(text: str) -> list[int]:
+    """An argparse type: prompt lengths, ``500,4000``, each >= 1."""
+    try:
+        out = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected lengths (500,4000), got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected lengths >= 1, got {text!r}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vocab", type=int, default=4096)  # the default model's
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--prompt-lens", default="500,4000,16000")
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--vocab", type=at_least(2), default=4096)  # the default model's
+    ap.add_argument("--batch", type=at_least(1), default=16)
+    ap.add_argument("--prompt-lens", type=lengths, default="500,4000,16000")
+    ap.add_argument("--rounds", type=at_least(1), default=6)
+    ap.add_argument("--steps", type=at_least(1), default=25)
     ap.add_argument("--json", action="store_true", help="one JSON line per prompt length")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    for prompt_len in (int(n) for n in args.prompt_lens.split(",")):
+    for prompt_len in args.prompt_lens:
         got = measure(args.vocab, args.batch, prompt_len, args.rounds, args.steps)
         if args.json:
             print(json.dumps({"vocab": args.vocab, "batch": args.batch, **got}), flush=True)

@@ -51,6 +51,7 @@ from rt.actors import (
     SupervisorStatus,
     open_supervisor,
 )
+from rt.chaos.cli import at_least
 
 
 class IdleActor(Actor):
@@ -201,7 +202,7 @@ def main_pipeline(kills: int, as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--kills", type=at_least(1), default=100)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--pipeline", type=int, metavar="K", help="kill each of rt's pipeline actors K times"

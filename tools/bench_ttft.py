@@ -36,6 +36,7 @@ from typing import Any
 import trio
 
 import rt
+from rt.chaos.cli import at_least
 
 # its siblings: launch_servers, serving_figures
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -132,21 +133,6 @@ def main() -> int:
         print(f"bench_ttft: interrupted ({result['interrupted']})", file=sys.stderr)
         return 130
     return 0
-
-
-def at_least(least: int) -> Any:
-    """An argparse type: an integer >= ``least``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
-        return value
-
-    return parse
 
 
 if __name__ == "__main__":

@@ -20,10 +20,12 @@ ACTORS = 3  # tokenizer0, scheduler, detokenizer
 
 def translate(argv: list[str]) -> list[str]:
     """fault_run's options → rt-chaos's argv (in process, SIGKILLs only)."""
+    from rt.chaos.cli import at_least
+
     parser = argparse.ArgumentParser(prog="fault_run.py", description=__doc__)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--kills", type=int, default=3, help="kills per actor")
+    parser.add_argument("--kills", type=at_least(0), default=3, help="kills per actor")
     parser.add_argument("--concurrency", type=int)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"))
     parser.add_argument("--timeout", type=float, help="per request, seconds")
