@@ -118,6 +118,14 @@ def engine_options(front: Front, req: OpenAISampling, max_tokens: int | None) ->
                 param="request_id",
             )
         req.rid = req.request_id
+    if req.response_format is not None and req.response_format != {"type": "text"}:
+        # (both endpoints: /v1/completions said "unknown field", as vLLM takes it there)
+        raise HTTPError(
+            400,
+            f"response_format: only {{'type': 'text'}} is supported (rt has no constrained "
+            f"decoding yet), got {show(req.response_format)}",
+            param="response_format",
+        )
     if req.stream_options is not None and req.stream_options.model_fields_set and not req.stream:
         # (an empty one asks nothing: vLLM takes it, as its clients send it by default)
         raise HTTPError(400, "stream_options: only with stream=true", param="stream_options")

@@ -93,12 +93,6 @@ async def chat_completions(front: Front, ex: Exchange, body: bytes) -> None:
             f"modalities: only ['text'] is supported, got {show(req.modalities)}",
             param="modalities",
         )
-    if req.response_format is not None and req.response_format != {"type": "text"}:
-        raise HTTPError(
-            400,
-            f"response_format: only {{'type': 'text'}} is supported, got {show(req.response_format)}",
-            param="response_format",
-        )
     if req.top_logprobs and not req.logprobs:  # (0, vLLM's default, asks for nothing)
         raise HTTPError(400, "top_logprobs: only with logprobs=true", param="top_logprobs")
     as_ids = bool(req.return_tokens_as_token_ids)

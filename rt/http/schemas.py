@@ -152,6 +152,9 @@ class OpenAISampling(BaseModel):
     no_stop_trim: bool | None = Field(default=None, description="the same, SGLang's name")
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
+    response_format: Any = Field(
+        default=None, description="only {'type': 'text'}: rt has no constrained decoding yet"
+    )
     rid: str | None = Field(default=None, description="the request id, for /abort_request")
     request_id: str | None = Field(default=None, description="the same, vLLM's name")
     return_token_ids: bool | None = Field(
@@ -216,7 +219,6 @@ class ChatCompletionRequest(OpenAISampling):
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     parallel_tool_calls: bool | None = None
     modalities: Strs | None = Field(default=None, description='only ["text"]')
     audio: Any = Field(default=None, description="not supported (no audio output)")
@@ -404,7 +406,6 @@ def _prepared(model: type[BaseModel], obj: dict[str, Any], at: tuple[Any, ...]) 
 # nothing (besides null and false): a client that sends its defaults is served.
 FOREIGN_DEFAULTS: dict[str, Any] = {
     "length_penalty": 1.0,  # vLLM's beam search, off
-    "response_format": {"type": "text"},  # /v1/completions (vLLM takes it there)
     "logprob_start_len": -1,  # SGLang's, in the OpenAI bodies
     "log_metrics": True,  # SGLang's /generate default
     "bad_words": [],  # vLLM's default

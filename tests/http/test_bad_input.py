@@ -98,6 +98,8 @@ CASES: list[tuple[str, Any, str]] = [
     ("/v1/chat/completions", {"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": MSG, "max_completion_tokens": 0}, "max_completion"),
     ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "json"}}, "response"),
+    # (it said "unknown field" here, where vLLM takes it)
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"}}, "only {'t"),
     ("/v1/chat/completions", {"messages": MSG, "n": 99999}, "n"),
     ("/v1/chat/completions", {"messages": MSG, "n": 2**63}, "n"),
     ("/v1/completions", {"prompt": "x", "n": 2**63}, "n"),
