@@ -34,6 +34,7 @@ class Snapshot:
     fds: dict[int, str]
     segments: frozenset[str]
     children: frozenset[int]
+    tagged: frozenset[int] = frozenset()  # descendants running already (with a tag given)
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -93,9 +94,12 @@ def segments(root_pids: Iterable[int] = ()) -> frozenset[str]:
     return frozenset(n for n in names if n.startswith(prefixes))
 
 
-def snapshot(root_pids: Iterable[int] = ()) -> Snapshot:
-    children, _ = processes()
-    return Snapshot(fds(), segments(root_pids or (os.getpid(),)), frozenset(children))
+def snapshot(root_pids: Iterable[int] = (), tag: str | None = None) -> Snapshot:
+    """What is open now; with ``tag``, the tagged processes running already too (a
+    server started before it: its actors are no orphans the body left)."""
+    children, tagged = processes(tag)
+    segs = segments(root_pids or (os.getpid(),))
+    return Snapshot(fds(), segs, frozenset(children), frozenset(tagged))
 
 
 def leaks(
@@ -106,7 +110,7 @@ def leaks(
     settle_s: float = 10.0,
 ) -> list[str]:
     """What was left since ``before``: one line per kind of leak (empty: nothing)."""
-    ignore = set(ignore_pids) | set(before.children)
+    ignore = set(ignore_pids) | set(before.children) | set(before.tagged)
     roots = tuple(root_pids) or (os.getpid(),)
     deadline = time.monotonic() + settle_s
     while True:

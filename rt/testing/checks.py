@@ -26,7 +26,7 @@ def no_leaks(root_pids: Iterable[int] = (), settle_s: float = 10.0) -> Iterator[
     from rt.testing.engines import SERVED
 
     tag = leaks.tag_environment()
-    before, served = leaks.snapshot(), len(SERVED)
+    before, served = leaks.snapshot(tag=tag), len(SERVED)
     yield before
     roots = [*root_pids, *SERVED[served:]]
     assert_no_leaks(before, [os.getpid(), *roots] if roots else (), tag=tag, settle_s=settle_s)

@@ -62,3 +62,25 @@ def test_tagged_processes_that_are_not_our_children_are_orphans() -> None:
     finally:
         for pid in leaks.processes(tag)[1]:
             os.kill(pid, 9)
+
+
+def test_tagged_processes_running_before_the_snapshot_are_no_orphans() -> None:
+    """An rt-serve opened before no_leaks: its actors (grandchildren, tagged) were
+    reported as orphans the body left."""
+    tag = leaks.tag_environment()
+    script = (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+    try:
+        deadline = time.monotonic() + 5
+        while not leaks.processes(tag)[1]:  # (the grandchild is up)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = leaks.snapshot(tag=tag)
+        assert leaks.leaks(before, tag=tag, settle_s=0) == []
+    finally:
+        for pid in leaks.processes(tag)[1]:
+            os.kill(pid, 9)
