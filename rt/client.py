@@ -154,8 +154,11 @@ class Client:
         return fid, receive
 
     def _cancel(self, fid: str) -> None:
-        if self._pending.pop(fid, None) is not None and self._failure is None:
-            self._post({"id": fid, "type": "cancel"})
+        send = self._pending.pop(fid, None)
+        if send is not None:
+            send.close()  # (a task reading it, when another closed the stream, ends)
+            if self._failure is None:
+                self._post({"id": fid, "type": "cancel"})
 
     def _post(self, frame: Frame) -> None:
         # One writer task sends every frame: a cancelled caller never interrupts a
@@ -256,6 +259,7 @@ class Stream:
         self._body = body
         self._frames: trio.MemoryReceiveChannel[Frame | errors.RtError] | None = None
         self._done = False
+        self._closed_unread = False  # closed before it was read: reading it is an error
         self.id: str | None = None  # the frame id, once sent
         self.meta_info: Frame | None = None
         self.meta_infos: list[Frame] | None = None  # each sequence's, when n > 1
@@ -266,15 +270,22 @@ class Stream:
     async def __aenter__(self) -> Stream:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        self.close()
+        if exc_type is None:  # (a checkpoint's Cancelled would replace the body's error)
+            await trio.lowlevel.checkpoint()
 
     async def __anext__(self) -> Delta:
+        if self._closed_unread:  # (it would read as an empty answer)
+            raise errors.Closed("this stream was closed before it was read")
         while not self._done:
             try:
                 if self._frames is None:
                     self.id, self._frames = self._client._open(self._body)
                 item = await self._frames.receive()
+            except trio.EndOfChannel:  # closed by another task: it ends here
+                self._done = True
+                break
             except BaseException:
                 self.close()
                 raise
@@ -304,7 +315,7 @@ class Stream:
     def close(self) -> None:
         """Stop: send ``cancel`` if the request has not finished."""
         if not self._done:
-            self._done = True
+            self._done, self._closed_unread = True, self._frames is None
             if self.id is not None:
                 self._client._cancel(self.id)
 
@@ -344,7 +355,8 @@ async def connect(
         ("ping_timeout", ping_timeout),
         ("ping_interval", ping_interval),
     ):  # (a negative one was trio's ValueError, 0 a ping loop or every ping missed)
-        if value is not None and not (isinstance(value, int | float) and value > 0):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and not (number and value > 0):
             raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
     target = ws_url(url)
     parts = urlsplit(target)

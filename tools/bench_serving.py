@@ -368,9 +368,10 @@ async def bench_engine(
     async with rt.open_engine(args.model_path, **args.rt_options) as engine:
         send = partial(engine_request, engine)
         for c, load in zip(args.max_concurrency, loads, strict=True):
-            runs.append(await measure(load, send, c))
-            if engine.stopped_by:
+            run = await measure(load, send, c)
+            if engine.stopped_by:  # (cut short: its figures and refusals are no run's)
                 break
+            runs.append(run)
     return runs, engine.stopped_by
 
 

@@ -117,6 +117,9 @@ def main() -> int:
     except rt.errors.RtError as err:  # (a model that does not load, an option refused)
         print(f"bench_ttft: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # (before the engine took the signal: nothing measured)
+        print("bench_ttft: interrupted (SIGINT)", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(result))
     else:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -90,6 +91,10 @@ class FaultRule:
             raise ConfigError(f"fault at {self.point!r}: probability must be in [0, 1]")
         if self.hang not in ("gil", "sleep"):
             raise ConfigError(f"fault at {self.point!r}: hang must be 'gil' or 'sleep'")
+        if not 0 <= self.exit_code <= 255:  # (256 exits 0: no failure at all)
+            raise ConfigError(
+                f"fault at {self.point!r}: exit_code must be in [0, 255], got {self.exit_code}"
+            )
         if not 0 <= self.delay_ms <= MAX_DELAY_MS:  # (NaN too)
             raise ConfigError(
                 f"fault at {self.point!r}: delay_ms must be in [0, {MAX_DELAY_MS:g}] "
@@ -123,7 +128,7 @@ def _whole(value: Any) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
         return int(value)
     return None
 

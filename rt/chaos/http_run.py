@@ -104,7 +104,10 @@ async def run_server(
                         raise
                     while isinstance(err, BaseExceptionGroup):
                         err = err.exceptions[0]
-                ledger.write("server", code=-1, tail=str(err)[-2000:])
+                if server_pid is not None:  # (it had: the harness's own RuntimeError)
+                    ledger.write("error", what=f"the harness raised {type(err).__name__}: {err}")
+                else:
+                    ledger.write("server", code=-1, tail=str(err)[-2000:])
     if server_pid is not None:
         for line in leaks.leaks(before, root_pids=[server_pid], tag=tag, ignore_pids=hog_pids):
             ledger.write("leak", what=line)

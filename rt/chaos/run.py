@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -215,11 +215,12 @@ async def _run_engine(
     log = open(Path(config.log_dir) / f"stderr-{config.seed}.log", "ab")  # noqa: SIM115
     opened: list[Any] = []  # the engine, once open: its stopped_by, however it ends
     own: list[BaseException] = []  # what the harness's own part of the body raised
+    out_of_engine: list[BaseException] = []  # what came out of open_engine
     with log, StderrTap(log).installed() as lines, removed(plan):
         before = leaks.snapshot()
         started = time.monotonic()  # (a signal may end the body before it is set below)
         try:
-            async with trio.open_nursery() as outer:
+            async with trio.open_nursery() as outer, _caught(out_of_engine):
                 async with rt.open_engine(**options) as engine:
                     opened.append(engine)
                     try:
@@ -240,7 +241,7 @@ async def _run_engine(
                 for a in engine.actors():
                     ledger.write("stopped", name=a.name, reason=a.last_exit_reason)
         except Exception as err:  # an escalation comes out of open_engine as a group
-            if own and _only(err, own[0]) and not _rt_error(own[0]):  # the harness's own
+            if _harnesss(err, own, out_of_engine):
                 ledger.write("error", what=f"the harness raised {_innermost(err)}")
             else:  # out of the engine (its tasks, its start, its stop): it gave up
                 ledger.write("escalated", error=_innermost(err))
@@ -263,6 +264,41 @@ def removed(plan: str | None) -> Iterator[None]:
     finally:
         if plan is not None:
             Path(plan).unlink(missing_ok=True)
+
+
+@contextlib.asynccontextmanager
+async def _caught(into: list[BaseException]) -> AsyncIterator[None]:
+    """Keep what comes out of the body in ``into`` (and let it go on)."""
+    try:
+        yield
+    except BaseException as err:
+        into.append(err)
+        raise
+
+
+def _harnesss(
+    err: BaseException, own: list[BaseException], out_of_engine: list[BaseException]
+) -> bool:
+    """Whether ``err`` is the harness's own trouble: what its part of the body
+    raised, or what its tasks beside the engine did (out of neither the engine
+    nor the body); never one of rt's errors."""
+    if _rt_error(err):
+        return False
+    if own and _only(err, own[0]):
+        return True
+    engines = out_of_engine[0] if out_of_engine else None
+    leaves = _leaves(err)
+    if engines is None:
+        return bool(leaves)
+    ours = {id(e) for e in _leaves(engines)} - {id(e) for e in (_leaves(own[0]) if own else [])}
+    return bool(leaves) and not any(id(e) in ours for e in leaves)
+
+
+def _leaves(err: BaseException) -> list[BaseException]:
+    """``err``'s leaves (a group's), Cancelled echoes aside."""
+    if isinstance(err, BaseExceptionGroup):
+        return [leaf for e in err.exceptions for leaf in _leaves(e)]
+    return [] if isinstance(err, trio.Cancelled) else [err]
 
 
 def _only(err: BaseException, raised: BaseException) -> bool:

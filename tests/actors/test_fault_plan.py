@@ -96,6 +96,12 @@ def test_whole_numbers_written_as_floats_or_a_seed_as_digits_are_taken() -> None
     assert FaultPlan.from_dict({"seed": "7"}).seed == 7
     with pytest.raises(ConfigError, match="after must be an integer, got '3'"):
         FaultPlan.from_dict({"faults": [{**rule, "after": "3"}]})
+    for seed in ("--3", "²", "3.5"):  # (int() of the first two raised a ValueError)
+        with pytest.raises(ConfigError, match="seed must be an integer"):
+            FaultPlan.from_dict({"seed": seed})
+    for code in (256, 10**300, -1):  # (256 exits 0; 1e300 overflowed os._exit)
+        with pytest.raises(ConfigError, match=r"exit_code must be in \[0, 255\]"):
+            FaultPlan.from_dict({"faults": [{**rule, "action": "exit", "exit_code": code}]})
 
 
 def test_bad_text_is_a_config_error() -> None:

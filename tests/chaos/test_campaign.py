@@ -178,6 +178,14 @@ def test_an_error_is_the_harnesss_only_when_its_own_part_raised_it_alone() -> No
     assert _only(own, own) and _only(ExceptionGroup("g", [own, ExceptionGroup("h", [own])]), own)
     assert not _only(KeyError("an engine task's"), own)
     assert not _only(ExceptionGroup("g", [own, KeyError("an engine task's")]), own)
+    from rt.chaos.run import _harnesss
+    from rt.errors import EscalationError
+
+    task, engines = KeyError("a harness task's, beside the engine"), KeyError("an engine task's")
+    assert _harnesss(ExceptionGroup("outer", [task]), [], [])  # (out of no engine)
+    assert _harnesss(ExceptionGroup("o", [task]), [], [ExceptionGroup("e", [own])]) is True
+    assert not _harnesss(ExceptionGroup("o", [engines]), [], [ExceptionGroup("e", [engines])])
+    assert not _harnesss(EscalationError("too many"), [], [])
 
 
 async def test_the_harnesss_own_error_is_no_failure_of_the_engine(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 import trio
@@ -81,9 +82,51 @@ async def test_a_stream_left_from_its_async_with_is_cancelled_at_once(
         assert stream.meta_info is None  # (no done frame read: it left before)
 
 
+async def test_a_stream_closed_from_another_task_ends_its_reader(default_server: Server) -> None:
+    """The reader hung for good (its channel was dropped, never closed); a stream
+    read after its async with is an error, not an empty answer; an error in the
+    body of its async with comes out as itself."""
+    params = {"max_new_tokens": 400, "ignore_eos": True}
+    async with connect(default_server.url) as client:
+        stream = client.stream("closed by another", sampling_params=params)
+        read: list[str] = []
+
+        async def reader() -> None:
+            async for delta in stream:
+                read.append(delta.text)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader)
+                while not read:
+                    await trio.sleep(0.01)
+                await stream.aclose()
+        assert client.in_flight == 0
+        async with client.stream("never read", sampling_params=params) as unread:
+            pass
+        with pytest.raises(errors.Closed, match="closed before it was read"):
+            await unread.__anext__()
+        got: KeyError | None = None
+        with trio.move_on_after(0.5):
+            try:
+                async with client.stream("raised in", sampling_params=params) as raising:
+                    async for _ in raising:
+                        time.sleep(0.6)  # (past the deadline: a checkpoint on exit raised
+                        raise KeyError("the body's")  # Cancelled, which took its place)
+            except KeyError as err:
+                got = err
+        assert got is not None
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("connect_timeout", -1), ("ping_timeout", 0), ("ping_interval", 0), ("ping_interval", "1")],
+    [
+        ("connect_timeout", -1),
+        ("connect_timeout", True),
+        ("ping_timeout", 0),
+        ("ping_interval", 0),
+        ("ping_interval", "1"),
+    ],
 )
 async def test_a_timeout_that_is_no_positive_number_is_refused_by_name(
     option: str, value: object
