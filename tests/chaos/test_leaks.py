@@ -40,16 +40,21 @@ def test_children_zombies_segments_and_fds_are_found() -> None:
     assert leaks.leaks(before, settle_s=0) == []
 
 
-def test_tagged_processes_that_are_not_our_children_are_orphans() -> None:
-    tag = leaks.tag_environment()
-    before = leaks.snapshot()
-    # a grandchild: its parent exits at once, so it is re-parented, not ours
+def start_grandchild() -> None:
+    """A process of ours that is no child: its parent exits at once, so it is
+    re-parented (it sleeps 30 s, carrying this process's tag)."""
     script = (
         "import subprocess, sys\n"
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
         " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
     )
     subprocess.run([sys.executable, "-c", script], check=True)
+
+
+def test_tagged_processes_that_are_not_our_children_are_orphans() -> None:
+    tag = leaks.tag_environment()
+    before = leaks.snapshot()
+    start_grandchild()
     deadline = time.monotonic() + 5  # (once, on a loaded machine, the first look missed it)
     try:
         while True:
@@ -68,12 +73,7 @@ def test_tagged_processes_running_before_the_snapshot_are_no_orphans() -> None:
     """An rt-serve opened before no_leaks: its actors (grandchildren, tagged) were
     reported as orphans the body left."""
     tag = leaks.tag_environment()
-    script = (
-        "import subprocess, sys\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
-        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
-    )
-    subprocess.run([sys.executable, "-c", script], check=True)
+    start_grandchild()
     try:
         deadline = time.monotonic() + 5
         while not leaks.processes(tag)[1]:  # (the grandchild is up)
