@@ -42,6 +42,7 @@ from rt.chaos.schedule import (
 )
 from rt.chaos.workload import WorkloadConfig
 from rt.config import EngineOptions
+from rt.errors import ConfigError
 
 
 def duration(text: str) -> float:
@@ -334,10 +335,12 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
         run = replace(run, seed=plan.seed)
     if mode != "attach":  # (options the engine refuses: a usage error, not its failure)
         try:  # (validated as given: resolving 'auto' would import torch here)
-            EngineOptions(**options)
+            EngineOptions(**options).model_limits()  # (and a model there: config.json)
         except ValidationError as err:
             said = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
             raise UsageError(f"invalid engine options: {said}") from None
+        except ConfigError as err:  # (a model path with no model: the engine's "FAIL")
+            raise UsageError(str(err)) from None
     return CampaignConfig(run, sched, shrink_budget=args.shrink_budget, only=only, plan=plan)
 
 

@@ -159,6 +159,7 @@ def test_a_failing_run_exits_1_with_its_shortest_schedule(tmp_path, capsys) -> N
         # (refused at the engine's start: "the engine gave up", an engine FAIL)
         (["--actors", "tokenizer1"], "--actors: tokenizer1: the engine runs 1 tokenizer worker"),
         (["--actors", "tokenizer01"], "unknown ['tokenizer01']"),
+        (["--model-path", "/nonexistent"], "model_path: no config.json in /nonexistent"),
     ],
 )
 def test_a_command_line_that_cannot_run_exits_2_naming_what(  # type: ignore[no-untyped-def]
