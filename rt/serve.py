@@ -402,7 +402,13 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         # a plan (--fault-plan's, or RT_FAULT_PLAN's) that cannot be read or parsed, or
         # names an actor or a point there is not (it exited 1, the engine begun)
         plan = checked.fault_plan
-        plan = FaultPlan.load(plan) if isinstance(plan, str) else plan or FaultPlan.from_env()
+        if isinstance(plan, str):
+            plan = FaultPlan.load(plan)
+        elif plan is None:
+            try:
+                plan = FaultPlan.from_env()
+            except errors.ConfigError as err:  # (said where it came from: no flag gave it)
+                raise errors.ConfigError(f"RT_FAULT_PLAN: {err}") from None
         if plan is not None:
             plan.check_actors(supervisor_spec(checked).actors())
         settings = http_settings(args)

@@ -184,6 +184,11 @@ def test_a_plan_in_rt_fault_plan_is_checked_as_one_in_the_flag(
         main(["--load-format", "null"])
     assert exit_.value.code == 2
     assert "passes point 'stepp'" in capsys.readouterr().err
+    monkeypatch.setenv("RT_FAULT_PLAN", "{not json")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--load-format", "null"])
+    assert exit_.value.code == 2
+    assert "RT_FAULT_PLAN: fault plan is not valid json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
