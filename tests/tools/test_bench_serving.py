@@ -1,7 +1,8 @@
-"""tools/bench_serving.py: its pure core (request generation, arrivals, bodies,
-the figures) in microseconds, the load driver on a mock clock, and the whole
-command once through rt's trio API with the null model. (Its HTTP and
-WebSocket transports need a server: tests/http/ runs them against rt-serve.)"""
+"""tools/bench_serving.py: its pure core (request generation, arrivals and
+bodies, in tools/serving_requests.py; the figures) in microseconds, the load
+driver on a mock clock, and the whole command once through rt's trio API with
+the null model. (Its HTTP and WebSocket transports need a server: tests/http/
+runs them against rt-serve.)"""
 
 from __future__ import annotations
 
@@ -25,15 +26,16 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_serving.py"
 
 
 bs = load_tool("bench_serving")
+rq = sys.modules["serving_requests"]  # its pure requests, imported with it
 
 
 def test_lengths_are_fixed_at_ratio_one_and_in_range_below() -> None:
-    assert bs.sample_lengths(5, 64, 1.0, random.Random(0)) == [64] * 5
-    lengths = bs.sample_lengths(1000, 100, 0.5, random.Random(0))
+    assert rq.sample_lengths(5, 64, 1.0, random.Random(0)) == [64] * 5
+    lengths = rq.sample_lengths(1000, 100, 0.5, random.Random(0))
     assert min(lengths) == 50 and max(lengths) == 100
-    assert lengths == bs.sample_lengths(1000, 100, 0.5, random.Random(0))
+    assert lengths == rq.sample_lengths(1000, 100, 0.5, random.Random(0))
     with pytest.raises(ValueError, match="range_ratio"):
-        bs.sample_lengths(1, 10, 0.0, random.Random(0))
+        rq.sample_lengths(1, 10, 0.0, random.Random(0))
 
 
 def test_a_prompt_is_trimmed_until_it_encodes_within_its_length() -> None:
@@ -47,9 +49,9 @@ def test_a_prompt_is_trimmed_until_it_encodes_within_its_length() -> None:
     def encode(text: str) -> list[int]:
         return [ord(c) - 97 for c in text]
 
-    assert bs.fit_prompt([100, 100, 0], encode, decode) == ("xyx", 3)
-    assert bs.fit_prompt([0, 1], encode, decode) == ("ab", 2)
-    assert bs.fit_prompt([5, 6], lambda t: [0], decode) == ("fg", 1)  # shorter is kept
+    assert rq.fit_prompt([100, 100, 0], encode, decode) == ("xyx", 3)
+    assert rq.fit_prompt([0, 1], encode, decode) == ("ab", 2)
+    assert rq.fit_prompt([5, 6], lambda t: [0], decode) == ("fg", 1)  # shorter is kept
 
 
 def test_requests_are_reproducible_and_within_the_lengths_asked() -> None:
@@ -60,12 +62,12 @@ def test_requests_are_reproducible_and_within_the_lengths_asked() -> None:
         return [int(w[1:]) for w in text.split()]
 
     def make(seed: int) -> list[Any]:
-        return bs.make_requests(20, 30, 10, 0.5, seed, range(3, 50), encode, decode)
+        return rq.make_requests(20, 30, 10, 0.5, seed, range(3, 50), encode, decode)
 
     specs = make(1)
     assert specs == make(1) and specs != make(2)
     # a prompt seed of its own: other prompts, the same lengths (one run's, beside another's)
-    own = bs.make_requests(20, 30, 10, 0.5, 1, range(3, 50), encode, decode, prompt_seed=9)
+    own = rq.make_requests(20, 30, 10, 0.5, 1, range(3, 50), encode, decode, prompt_seed=9)
     assert [s.prompt for s in own] != [s.prompt for s in specs]
     assert [s.output_len for s in own] == [s.output_len for s in specs]
     assert [len(s.prompt.split()) for s in own] == [len(s.prompt.split()) for s in specs]
@@ -75,8 +77,8 @@ def test_requests_are_reproducible_and_within_the_lengths_asked() -> None:
 
 
 def test_arrivals_are_a_poisson_process_or_all_at_once() -> None:
-    assert bs.arrival_offsets(3, math.inf, random.Random(0)) == [0.0, 0.0, 0.0]
-    offsets = bs.arrival_offsets(20_000, 50.0, random.Random(0))
+    assert rq.arrival_offsets(3, math.inf, random.Random(0)) == [0.0, 0.0, 0.0]
+    offsets = rq.arrival_offsets(20_000, 50.0, random.Random(0))
     gaps = [b - a for a, b in itertools.pairwise(offsets)]
     assert offsets[0] == 0.0 and min(gaps) >= 0
     assert sum(gaps) / len(gaps) == pytest.approx(1 / 50, rel=0.03)
@@ -85,12 +87,12 @@ def test_arrivals_are_a_poisson_process_or_all_at_once() -> None:
     std = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps))
     assert std == pytest.approx(mean, rel=0.05)
     with pytest.raises(ValueError, match="rate must be > 0"):
-        bs.arrival_offsets(1, 0.0, random.Random(0))
+        rq.arrival_offsets(1, 0.0, random.Random(0))
 
 
 def test_each_flavor_asks_for_exact_lengths_its_own_way() -> None:
-    spec = bs.RequestSpec("hello", 1, 7)
-    rt_body = bs.completion_body("rt", "m", spec, {})
+    spec = rq.RequestSpec("hello", 1, 7)
+    rt_body = rq.completion_body("rt", "m", spec, {})
     assert rt_body == {
         "prompt": "hello",
         "max_tokens": 7,
@@ -100,24 +102,24 @@ def test_each_flavor_asks_for_exact_lengths_its_own_way() -> None:
         "ignore_eos": True,
         "stream_options": {"include_usage": True},
     }
-    tf = bs.completion_body("transformers", None, spec, {"seed": 3})
+    tf = rq.completion_body("transformers", None, spec, {"seed": 3})
     assert "model" not in tf and "ignore_eos" not in tf and tf["seed"] == 3
     assert json.loads(tf["generation_config"]) == {
         "max_new_tokens": 7,
         "min_new_tokens": 7,
         "do_sample": False,
     }
-    assert "ignore_eos" not in bs.completion_body("plain", "m", spec, {})
+    assert "ignore_eos" not in rq.completion_body("plain", "m", spec, {})
     with pytest.raises(ValueError, match="flavor"):
-        bs.completion_body("vllm", "m", spec, {})
+        rq.completion_body("vllm", "m", spec, {})
 
 
 def test_sse_data_lines() -> None:
-    assert bs.sse_data('data: {"a": 1}') == '{"a": 1}'
-    assert bs.sse_data("data:[DONE]") == "[DONE]"
-    assert bs.sse_data(": keep-alive") is None
-    assert bs.sse_data("event: x") is None
-    assert bs.sse_data("") is None
+    assert rq.sse_data('data: {"a": 1}') == '{"a": 1}'
+    assert rq.sse_data("data:[DONE]") == "[DONE]"
+    assert rq.sse_data(": keep-alive") is None
+    assert rq.sse_data("event: x") is None
+    assert rq.sse_data("") is None
 
 
 def test_a_record_times_first_token_and_gaps_between_chunks() -> None:
@@ -161,7 +163,7 @@ def test_the_summary_counts_completed_requests_and_their_figures() -> None:
 async def test_the_load_keeps_concurrency_and_arrival_times(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    specs = [bs.RequestSpec(f"p{i}", 4, 2) for i in range(12)]
+    specs = [rq.RequestSpec(f"p{i}", 4, 2) for i in range(12)]
     starts: list[float] = []
     in_flight = peak = 0
 
@@ -183,7 +185,7 @@ async def test_the_load_keeps_concurrency_and_arrival_times(
     peak = 0
     t0 = trio.current_time()
     await run(2.0, None)
-    offsets = bs.arrival_offsets(12, 2.0, random.Random(0))
+    offsets = rq.arrival_offsets(12, 2.0, random.Random(0))
     assert [s - t0 for s in starts] == pytest.approx(offsets, abs=1e-6)
 
 
