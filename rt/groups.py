@@ -13,19 +13,19 @@ def only(group: BaseExceptionGroup, err: BaseException) -> bool:
     """Whether ``err`` is in ``group`` and every other leaf of it is a Cancelled;
     for a group ``err``, whether its leaves are (a group the body raised comes
     back as derived copies, holding the same leaves)."""
-    mine = list(_leaves(err)) if isinstance(err, BaseExceptionGroup) else [err]
-    leaves = list(_leaves(group))
+    mine = list(leaves(err))
+    found = list(leaves(group))
     ours = {id(e) for e in mine}
-    return all(any(e is m for e in leaves) for m in mine) and all(
-        id(e) in ours or isinstance(e, trio.Cancelled) for e in leaves
+    return all(any(e is m for e in found) for m in mine) and all(
+        id(e) in ours or isinstance(e, trio.Cancelled) for e in found
     )
 
 
 def lone(group: BaseExceptionGroup) -> BaseException | None:
     """The one leaf of ``group`` that is not a Cancelled, if there is exactly one:
     what stopped a start-up (an escalation, a Ctrl-C), the rest its echoes."""
-    leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
-    return leaves[0] if len(leaves) == 1 else None
+    found = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+    return found[0] if len(found) == 1 else None
 
 
 def made_of(err: BaseException, *kinds: type[BaseException]) -> bool:
@@ -45,9 +45,10 @@ def raise_as_is(err: BaseException) -> NoReturn:
         err.__context__, err.__suppress_context__ = context, suppress
 
 
-def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
-    for e in group.exceptions:
-        if isinstance(e, BaseExceptionGroup):
-            yield from _leaves(e)
-        else:
-            yield e
+def leaves(err: BaseException) -> Iterator[BaseException]:
+    """``err``'s leaves: itself, or a group's, however deep."""
+    if isinstance(err, BaseExceptionGroup):
+        for e in err.exceptions:
+            yield from leaves(e)
+    else:
+        yield err

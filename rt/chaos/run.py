@@ -279,45 +279,16 @@ async def _caught(into: list[BaseException]) -> AsyncIterator[None]:
 def _harnesss(
     err: BaseException, own: list[BaseException], out_of_engine: list[BaseException]
 ) -> bool:
-    """Whether ``err`` is the harness's own trouble: what its part of the body
-    raised, or what its tasks beside the engine did (out of neither the engine
-    nor the body); never one of rt's errors."""
-    if _rt_error(err):
-        return False
-    if own and _only(err, own[0]):
-        return True
-    engines = out_of_engine[0] if out_of_engine else None
-    leaves = _leaves(err)
-    if engines is None:
-        return bool(leaves)
-    ours = {id(e) for e in _leaves(engines)} - {id(e) for e in (_leaves(own[0]) if own else [])}
-    return bool(leaves) and not any(id(e) in ours for e in leaves)
-
-
-def _leaves(err: BaseException) -> list[BaseException]:
-    """``err``'s leaves (a group's), Cancelled echoes aside."""
-    if isinstance(err, BaseExceptionGroup):
-        return [leaf for e in err.exceptions for leaf in _leaves(e)]
-    return [] if isinstance(err, trio.Cancelled) else [err]
-
-
-def _only(err: BaseException, raised: BaseException) -> bool:
-    """Whether ``err`` is what ``raised`` holds and nothing else (but the
-    Cancelled echoes of it; a group of it, as nurseries wrap it)."""
-    from rt.groups import only
-
-    if isinstance(err, BaseExceptionGroup):
-        return only(err, raised)
-    return err is raised
-
-
-def _rt_error(err: BaseException) -> bool:
-    """Whether ``err`` is, or holds, one of rt's errors."""
+    """Whether ``err`` is the harness's own trouble: none of its leaves (Cancelled
+    echoes aside) came out of the engine (its tasks, its start, its stop) rather
+    than the harness's part of the body, and none is one of rt's errors."""
     from rt.errors import RtError
+    from rt.groups import leaves
 
-    if isinstance(err, BaseExceptionGroup):
-        return any(_rt_error(e) for e in err.exceptions)
-    return isinstance(err, RtError)
+    raised = [e for e in leaves(err) if not isinstance(e, trio.Cancelled)]
+    engines = {id(e) for e in leaves(out_of_engine[0])} if out_of_engine else set()
+    engines -= {id(e) for e in leaves(own[0])} if own else set()
+    return bool(raised) and not any(id(e) in engines or isinstance(e, RtError) for e in raised)
 
 
 def _innermost(err: BaseException) -> str:
