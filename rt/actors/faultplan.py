@@ -103,7 +103,7 @@ class FaultRule:
         for name in ("incarnation", "max_incarnation"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(
-                    f"fault at {self.point!r}: {name} counts starts from 1, got {getattr(self, name)}"
+                    f"fault at {self.point!r}: {name} counts from 1, got {getattr(self, name)}"
                 )
 
     def applies_to(self, actor: str, incarnation: int) -> bool:

@@ -9,9 +9,9 @@ Exit status: 0 when every checker passed, 1 when one failed (the report
 then ends with the shortest fault schedule that still fails) or when no
 planned fault fired (INCONCLUSIVE: the run tested nothing), 2 for a usage
 error (or a server attached to that cannot take the run asked for), 130 when
-Ctrl-C ended the run (no verdict). Attached to a server (``--url``), a schedule that would restart its
-actors past its ``--max-restarts`` is refused before it starts
-(rt/chaos/attach.py).
+Ctrl-C ended the run (no verdict). Attached to a server (``--url``), a schedule
+that would restart its actors past its ``--max-restarts`` is refused before it
+starts (rt/chaos/attach.py).
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ seconds_range = value_range(float, 0, "seconds")
 
 def listed(choices: tuple[str, ...] | None = None) -> Any:
     """An argparse type: a comma-separated list of at least one of ``choices`` (None:
-    actor names, a role of POINTS with a number for a tokenizer). None of them drew
-    no fault for ever, before a line was printed."""
+    actor names, a role of POINTS with a number for a tokenizer). An empty list drew
+    faults from an empty deck for ever, before a line was printed."""
 
     def known(x: str) -> bool:
         if choices is not None:
@@ -256,10 +256,12 @@ def configure(args: argparse.Namespace) -> CampaignConfig:
     drawn = int(args.duration / 15) if args.duration else size // 5
     count = args.fault_count if args.fault_count is not None else max(8, min(200, drawn))
     workers = args.tokenizer_workers or 1
-    absent = [a for a in args.actors if role(a) == "tokenizer" and int(a[9:]) >= workers]
-    if (
-        absent and mode != "attach"
-    ):  # (a running server's own count is its to say)  # (the engine refused its plan at start: "the engine gave up", a FAIL)
+    # (the engine refused such an actor's plan at its start: "the engine gave up", a FAIL;
+    # a running server's own count is its to say)
+    absent = [
+        a for a in args.actors if role(a) == "tokenizer" and int(a[len("tokenizer") :]) >= workers
+    ]
+    if absent and mode != "attach":
         raise UsageError(
             f"--actors: {', '.join(absent)}: the engine runs {workers} tokenizer worker(s) "
             f"(tokenizer0 … tokenizer{workers - 1}); --tokenizer-workers sets how many"

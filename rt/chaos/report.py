@@ -11,9 +11,17 @@ from rt.chaos.campaign import Outcome, most_severe
 from rt.chaos.ledger import TERMINAL
 from rt.chaos.schedule import Fault
 
+# (harness: its own trouble, which failed a run unseen on the checks line before)
 CHECKERS = (
-    *("terminal", "outcome", "stream", "reference", "mix-up", "splice", "engine", "leak"),
-    "harness",  # (the harness's own trouble: it failed a run, unseen on the checks line)
+    "terminal",
+    "outcome",
+    "stream",
+    "reference",
+    "mix-up",
+    "splice",
+    "engine",
+    "leak",
+    "harness",
 )
 STATES = (*TERMINAL, "hung", "lost")
 MAX_FINDINGS = 12

@@ -77,7 +77,7 @@ def test_from_env_json_text_and_path(tmp_path: Path) -> None:
         ({"faults": [{"point": "loop", "action": "raise", "match": 5}]}, "match must be a str"),
         ({"faults": [{"point": "loop", "action": "delay", "delay_ms": 1e308}]}, "delay_ms must"),
         ({"faults": [{"point": "loop", "action": "delay", "delay_ms": float("nan")}]}, "delay_ms"),
-        ({"faults": [{"point": "loop", "action": "raise", "incarnation": -3}]}, "counts starts"),
+        ({"faults": [{"point": "loop", "action": "raise", "incarnation": -3}]}, "counts from 1"),
         ({"faults": [{"point": "loop", "action": "raise", "max_incarnation": 0}]}, "counts"),
     ],
 )
