@@ -31,7 +31,6 @@ import signal
 import socket
 import sys
 import traceback
-from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -43,6 +42,7 @@ from rt.actors.boot import ChildBoot
 from rt.actors.faults import Faults
 from rt.actors.heartbeat import Heartbeat
 from rt.errors import ConfigError, EndOfChannel
+from rt.groups import leaves
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 70  # the parent was gone before or while we started
@@ -60,8 +60,8 @@ def describe_error(error: BaseException) -> str:
     """``Type: message`` (first line) of the exception an error comes down to:
     through exception groups (a nursery wraps what its tasks raise) to the first
     leaf that is not ``trio.Cancelled`` (the siblings the failure cancelled)."""
-    leaves = list(_leaves(error))
-    leaf = next((e for e in leaves if not isinstance(e, trio.Cancelled)), leaves[0])
+    found = list(leaves(error))
+    leaf = next((e for e in found if not isinstance(e, trio.Cancelled)), found[0])
     cls = type(leaf)
     name = cls.__qualname__
     if cls.__module__ not in ("builtins", "__main__"):  # as a traceback names it
@@ -71,14 +71,6 @@ def describe_error(error: BaseException) -> str:
     except Exception:
         message = "<str() of the exception failed>"
     return f"{name}: {message}" if message else name
-
-
-def _leaves(error: BaseException) -> Iterator[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield error
 
 
 def _attach(boot: ChildBoot, stack: ExitStack) -> tuple[ActorContext, Heartbeat]:
