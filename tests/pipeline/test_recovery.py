@@ -23,6 +23,7 @@ import rt
 import rt.frontend.wiring as wiring
 from rt.actors import ActorState
 from rt.errors import InvalidRequestError, RequestFailedError
+from rt.frontend.health import unhealthy
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
 from rt.testing import wait_restarted
 
@@ -471,7 +472,9 @@ async def test_a_request_that_crashes_the_scheduler_fails_alone(tiny_model, tmp_
     innocents finish with their normal output. Before, 4 of 5 innocents failed
     with the culprit. The culprit: a fault plan kills the scheduler's forward
     pass whenever a request whose prompt ids carry MARK is in its core, every
-    time (as a kernel fault triggered by one request's shape would)."""
+    time (as a kernel fault triggered by one request's shape would). While the
+    suspects are told apart, with every actor running, /health says why new
+    requests wait (it said 200)."""
     poison = {
         "actor": "scheduler",
         "point": "forward",
@@ -493,11 +496,25 @@ async def test_a_request_that_crashes_the_scheduler_fails_alone(tiny_model, tmp_
             except RequestFailedError as err:
                 results[name] = err
 
+        told: list[str | None] = []  # what /health said while suspects were told apart
+
+        async def watch_health() -> None:
+            while True:
+                running = all(a.state is ActorState.RUNNING for a in engine.actors())
+                if running and engine.table.isolating:
+                    told.append(unhealthy(engine))
+                await trio.sleep(0.001)
+
         with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
-                for i, p in enumerate(prompts):
-                    nursery.start_soon(one, f"innocent{i}", p)
-                nursery.start_soon(one, "poison", MARK)
+            async with trio.open_nursery() as watching:
+                watching.start_soon(watch_health)
+                async with trio.open_nursery() as nursery:
+                    for i, p in enumerate(prompts):
+                        nursery.start_soon(one, f"innocent{i}", p)
+                    nursery.start_soon(one, "poison", MARK)
+                watching.cancel_scope.cancel()
+        # new requests wait meanwhile: /health says so (it said 200)
+        assert told and all(told) and any("crashed again" in (r or "") for r in told), set(told)
         assert isinstance(results.pop("poison"), RequestFailedError)
         assert [results[f"innocent{i}"].output_ids for i in range(5)] == [
             w.output_ids for w in want
