@@ -17,7 +17,8 @@ Refused (where SGLang's and vLLM's servers answer 400):
   integer goes (``n=2.0``), a number where a bool goes, None for a number or a
   bool; an integer past 64 bits; NaN or infinity; a number out of range
   (past float32's largest too: the sampler computes in float32);
-* token ids outside the vocabulary (the prompt, stop_token_ids, logit_bias);
+* token ids outside the vocabulary (the prompt, stop_token_ids, logit_bias,
+  allowed_token_ids), and an empty ``allowed_token_ids`` (nothing could be drawn);
 * more prompt ids than the context length (ContextOverflowError) without
   ``allow_auto_truncate``; with it, the ids before the last context length's
   worth are cut here (the tokenizer then cuts to the room ``max_new_tokens``
@@ -47,7 +48,7 @@ Repaired, where what the caller meant is not in doubt:
 * ``max_new_tokens=None`` means as many as the context leaves room for after
   the prompt (OpenAI's chat default; the tokenizer sets it);
 * None means "not given" for ``seed`` (one is drawn), ``stop``,
-  ``stop_token_ids``, ``logit_bias`` and ``rid``.
+  ``stop_token_ids``, ``logit_bias``, ``allowed_token_ids`` and ``rid``.
 """
 
 from __future__ import annotations
@@ -292,6 +293,8 @@ def _sampling(options: Mapping[str, Any], vocab_size: int) -> SamplingParams:
         kw["stop_token_ids"] = _id_list("stop_token_ids", kw["stop_token_ids"])
     if "logit_bias" in kw:
         kw["logit_bias"] = _logit_bias(kw["logit_bias"])
+    if kw.get("allowed_token_ids") is not None:
+        kw["allowed_token_ids"] = _id_list("allowed_token_ids", kw["allowed_token_ids"])
     if kw.get("seed") is None:
         # Every request gets a seed here, so its tokens are a pure function of
         # (seed, request, position) even when a crashed scheduler resubmits it.

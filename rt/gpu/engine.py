@@ -410,6 +410,9 @@ class EngineCore:
 
     def _sample_row(self, req: Req) -> SampleRow:
         suppress = self._stop_ids(req) if req.num_new < req.params.min_new_tokens else ()
+        allowed = req.params.allowed_token_ids
+        if suppress and allowed is not None and suppress.issuperset(allowed):
+            suppress = ()  # every id it may draw is a stop: drawn, not stopped at (min_new_tokens)
         return SampleRow(
             req.params, req.seed, req.seq_len, req.input_ids, req.output_ids, sorted(suppress), req
         )

@@ -8,7 +8,7 @@ from a generator whose state depends on what else was in the batch.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -160,6 +160,8 @@ def sample_async(
 
     if any(p.logit_bias for p in params):
         logits = logits + _dense_bias(params, bs, vocab, device)
+    if any(p.allowed_token_ids is not None for p in params):
+        logits = _only_allowed(logits, params)
     if any(p.has_penalties for p in params):
         logits = _apply_penalties(logits, rows)
     suppress = [(i, t) for i, r in enumerate(rows) for t in r.suppress_ids]
@@ -212,65 +214,92 @@ def sample_async(
     return PendingSample(tokens, logprobs, top, [p.top_logprobs for p in params])
 
 
+def _groups(
+    params: Sequence[SamplingParams], wants: Callable[[SamplingParams], object]
+) -> Iterator[tuple[SamplingParams, list[int]]]:
+    """The rows whose params ``wants``, grouped by their params object (a request's
+    n children share one): each group is one index_put of the request's cached ids."""
+    groups: dict[int, tuple[SamplingParams, list[int]]] = {}
+    for i, p in enumerate(params):
+        if wants(p):
+            groups.setdefault(id(p), (p, []))[1].append(i)
+    return iter(groups.values())
+
+
 def _dense_bias(
     params: Sequence[SamplingParams], bs: int, vocab: int, device: torch.device
 ) -> torch.Tensor:
     """[bs, vocab] float32: each row's ``logit_bias``, zero elsewhere.
 
-    Rows are grouped by their params object (a request's n children share one) and
-    each group is one index_put of the request's cached ids and biases: the host
-    work per step is a pass over the rows, whatever the number of keys. (Rebuilt per
-    row and step, 256 rows with 4096 keys took ~270 ms of the host's time; now ~4.)
+    The host work per step is a pass over the rows, whatever the number of keys.
+    (Rebuilt per row and step, 256 rows with 4096 keys took ~270 ms of the host's
+    time; now ~4.)
     """
-    groups: dict[int, tuple[SamplingParams, list[int]]] = {}
-    for i, p in enumerate(params):
-        if p.logit_bias:
-            groups.setdefault(id(p), (p, []))[1].append(i)
     bias = torch.zeros(bs, vocab, dtype=torch.float32, device=device)
-    for p, rows in groups.values():
-        cached = _bias_of(p, device)
+    for p, rows in _groups(params, lambda p: p.logit_bias):
+        ids, values = _on_device(p, device, "logit_bias", _bias_tensors)
         at = torch.tensor(rows, dtype=torch.int64, device=device)
-        bias[at[:, None], cached.ids] = cached.values  # [rows, k], the biases broadcast
+        bias[at[:, None], ids] = values  # [rows, k], the biases broadcast
     return bias
 
 
-@dataclass(frozen=True)
-class _Bias:
-    """A request's ``logit_bias`` on the device, made once for all its steps and rows."""
-
-    ids: torch.Tensor  # [k] int64
-    values: torch.Tensor  # [k] float32
-
-
-# (id(params), device) → (a weak reference to params, its bias). Keyed by id since
-# SamplingParams holds a dict and cannot be hashed; an entry goes with its params object
-# (the reference's callback), that is once the request's last sequence is dropped.
-# Module-level like _VOCAB_TERMS: the sampler is a set of functions with no owner to hold it.
-_BIASES: dict[tuple[int, torch.device], tuple[weakref.ref[SamplingParams], _Bias]] = {}
+def _only_allowed(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """``logits`` with -inf at every id a row's ``allowed_token_ids`` leaves out."""
+    device = logits.device
+    keep = torch.tensor([p.allowed_token_ids is None for p in params], device=device)
+    keep = keep[:, None].repeat(1, logits.shape[1])
+    for p, rows in _groups(params, lambda p: p.allowed_token_ids is not None):
+        (ids,) = _on_device(p, device, "allowed_token_ids", _allowed_tensor)
+        at = torch.tensor(rows, dtype=torch.int64, device=device)
+        keep[at[:, None], ids] = True
+    return logits.masked_fill(~keep, float("-inf"))
 
 
-def _bias_of(params: SamplingParams, device: torch.device) -> _Bias:
-    """``params.logit_bias`` as device tensors, cached while ``params`` lives. The
-    mapping is read once: it must not change while the request runs (nothing in
-    rt changes it; SamplingParams is frozen, its dict is not)."""
-    key = (id(params), device)
-    held = _BIASES.get(key)
-    if held is not None and held[0]() is params:
-        return held[1]
-    bias = _Bias(
-        torch.tensor(list(params.logit_bias), dtype=torch.int64, device=device),
+def _bias_tensors(params: SamplingParams, device: torch.device) -> tuple[torch.Tensor, ...]:
+    return (
+        torch.tensor(list(params.logit_bias), dtype=torch.int64, device=device),  # [k]
         torch.tensor(
             [float(v) for v in params.logit_bias.values()], dtype=torch.float32, device=device
         ),
     )
 
-    def forget(ref: weakref.ref[SamplingParams]) -> None:
-        held = _BIASES.get(key)
-        if held is not None and held[0] is ref:  # not a later object that reused the id
-            _BIASES.pop(key, None)
 
-    _BIASES[key] = (weakref.ref(params, forget), bias)
-    return bias
+def _allowed_tensor(params: SamplingParams, device: torch.device) -> tuple[torch.Tensor, ...]:
+    return (torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=device),)
+
+
+# (id(params), device, field) → (a weak reference to params, its tensors). Keyed by id
+# since SamplingParams holds a dict and cannot be hashed; an entry goes with its params
+# object (the reference's callback), that is once the request's last sequence is dropped.
+# Module-level like _VOCAB_TERMS: the sampler is a set of functions with no owner to hold it.
+_ON_DEVICE: dict[
+    tuple[int, torch.device, str], tuple[weakref.ref[SamplingParams], tuple[torch.Tensor, ...]]
+] = {}
+
+
+def _on_device(
+    params: SamplingParams,
+    device: torch.device,
+    name: str,
+    make: Callable[[SamplingParams, torch.device], tuple[torch.Tensor, ...]],
+) -> tuple[torch.Tensor, ...]:
+    """A request's field ``name`` as device tensors, made once for all its steps and
+    rows, and cached while ``params`` lives. The field is read once: it must not
+    change while the request runs (nothing in rt changes it; SamplingParams is
+    frozen, its dict is not)."""
+    key = (id(params), device, name)
+    held = _ON_DEVICE.get(key)
+    if held is not None and held[0]() is params:
+        return held[1]
+    tensors = make(params, device)
+
+    def forget(ref: weakref.ref[SamplingParams]) -> None:
+        held = _ON_DEVICE.get(key)
+        if held is not None and held[0] is ref:  # not a later object that reused the id
+            _ON_DEVICE.pop(key, None)
+
+    _ON_DEVICE[key] = (weakref.ref(params, forget), tensors)
+    return tensors
 
 
 class _Pool:
@@ -333,7 +362,7 @@ class _SeqCounts:
         )
 
 
-# Module-level like _BIASES: (device, vocab) → the pool its sequences hold, and a sequence
+# Module-level like _ON_DEVICE: (device, vocab) → the pool its sequences hold, and a sequence
 # (SampleRow.owner) → its state, dropped with the sequence.
 _POOLS: weakref.WeakValueDictionary[tuple[torch.device, int], _Pool] = weakref.WeakValueDictionary()
 _STATES: weakref.WeakKeyDictionary[object, _SeqCounts] = weakref.WeakKeyDictionary()

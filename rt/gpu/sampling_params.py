@@ -31,7 +31,8 @@ class SamplingParams:
     its ``top_logprobs`` best, from the prefill (which then skips the prefix cache);
     ``logprob_start_len`` is the first prompt position the caller reads them from
     (SGLang's field; the HTTP API reports from it): a prompt with no such
-    position is refused once tokenized.
+    position is refused once tokenized. ``allowed_token_ids`` (vLLM's): only
+    these ids may be drawn (None: any); the logprobs stay the model's.
     """
 
     max_new_tokens: int = 128
@@ -48,6 +49,7 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     logit_bias: Mapping[int, float] = field(default_factory=dict)
+    allowed_token_ids: tuple[int, ...] | None = None
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False
@@ -94,6 +96,18 @@ class SamplingParams:
             )
         for tok in self.stop_token_ids:
             _token("stop_token_ids", tok, vocab_size)
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, tuple | list):
+                raise InvalidRequestError(
+                    "allowed_token_ids: expected a list of token ids, "
+                    f"got {show(self.allowed_token_ids)}"
+                )
+            if not self.allowed_token_ids:  # (nothing could be drawn)
+                raise InvalidRequestError(
+                    "allowed_token_ids: expected at least one token id, got an empty list"
+                )
+            for tok in self.allowed_token_ids:
+                _token("allowed_token_ids", tok, vocab_size)
         if not isinstance(self.logit_bias, Mapping):
             raise InvalidRequestError(
                 f"logit_bias: expected a mapping token id → bias, got {show(self.logit_bias)}"

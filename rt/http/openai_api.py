@@ -47,6 +47,7 @@ _SAMPLING = {
     "seed": "seed",
     "stop": "stop",
     "stop_token_ids": "stop_token_ids",
+    "allowed_token_ids": "allowed_token_ids",
     "include_stop_str_in_output": "no_stop_trim",
     "no_stop_trim": "no_stop_trim",
     "ignore_eos": "ignore_eos",

@@ -146,6 +146,9 @@ class OpenAISampling(BaseModel):
     min_tokens: Int | None = None
     ignore_eos: bool | None = None
     stop_token_ids: Ints | None = None
+    allowed_token_ids: Ints | None = Field(
+        default=None, description="only these token ids may be drawn (vLLM's)"
+    )
     include_stop_str_in_output: bool | None = Field(
         default=None, description="a stop string that ends the output stays in its text (vLLM)"
     )

@@ -91,6 +91,31 @@ def test_finish_reasons_and_min_new_tokens(checkpoints: dict[str, Path]) -> None
     assert stop_at not in res["tokens"][:6]
 
 
+def test_allowed_token_ids_only_and_with_min_new_tokens(checkpoints: dict[str, Path]) -> None:
+    """vLLM's allowed_token_ids: only those are drawn, greedy or sampled. Where each of
+    them is a stop id, min_new_tokens cannot keep them all out: they are drawn (not
+    stopped at) until it is met; suppressing them left nothing, and id 0 was drawn."""
+    engine = make_engine(checkpoints["llama"])
+    p = prompts(1, [12], seed=5)[0]
+    free_run = run_all(engine, {"a": (p, greedy(8, ignore_eos=True))})["a"]["tokens"]
+    allowed = tuple(t for t in range(3, 40) if t not in free_run)[:5]
+    sampled = SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1, allowed_token_ids=allowed)
+    stops = greedy(8, stop_token_ids=allowed[:2], allowed_token_ids=allowed[:2], min_new_tokens=3)
+    res = run_all(
+        engine,
+        {
+            "greedy": (p, greedy(8, ignore_eos=True, allowed_token_ids=allowed)),
+            "sampled": (p, sampled),
+            "stops": (p, stops),
+        },
+    )
+    assert set(res["greedy"]["tokens"]) <= set(allowed) and len(res["greedy"]["tokens"]) == 8
+    assert set(res["sampled"]["tokens"]) <= set(allowed) and len(res["sampled"]["tokens"]) == 8
+    # the third token meets min_new_tokens, and stops it
+    assert len(res["stops"]["tokens"]) == 3 and set(res["stops"]["tokens"]) <= set(allowed[:2])
+    assert res["stops"]["final"].finish_reason == "stop"
+
+
 def test_abort_and_external_finish(checkpoints: dict[str, Path]) -> None:
     engine = make_engine(checkpoints["qwen2"], chunked_prefill_size=8)
     ps = prompts(3, [30, 10, 10], seed=6)

@@ -96,21 +96,21 @@ def test_engine_outputs_match_the_rebuild(
 
 def test_cached_biases_go_when_requests_finish(checkpoints: dict[str, Path]) -> None:
     gc.collect()
-    before = set(sampler._BIASES)
+    before = set(sampler._ON_DEVICE)
     engine = make_engine(checkpoints["qwen2"])
     target = prompts(1, [7], seed=8)[0]
     for i in range(6):
         params = full_bias(i, VOCAB, n=2, seed=i, max_new_tokens=3 + i)
         engine.add_request(f"r{i}", target, params)
     engine.step()  # the prefills: each request's bias is made
-    assert len(set(sampler._BIASES) - before) > 0
+    assert len(set(sampler._ON_DEVICE) - before) > 0
     while engine.has_work:
         engine.step()
     del params
     gc.collect()
-    assert set(sampler._BIASES) - before == set()
+    assert set(sampler._ON_DEVICE) - before == set()
     # nor does a request whose params only the engine held
     res = run_all(engine, {"again": (target, full_bias(0, VOCAB, seed=0, max_new_tokens=3))})
     assert len(res["again"]["tokens"]) == 3
     gc.collect()
-    assert set(sampler._BIASES) - before == set()
+    assert set(sampler._ON_DEVICE) - before == set()

@@ -153,6 +153,29 @@ def test_greedy_penalties_bias_and_min_tokens() -> None:
     ]
 
 
+def test_allowed_token_ids_are_all_a_row_may_draw() -> None:
+    """vLLM's allowed_token_ids, per row: sampled, with a filter, greedy, against a
+    bias toward an id left out; the logprobs stay the model's, and a row without
+    the field draws what it draws alone (the same seeded noise)."""
+    vocab = 50
+    logits = (torch.randn(1, vocab, generator=torch.Generator().manual_seed(5)) * 3).repeat(40, 1)
+    allowed, best = (12, 7, 30), 7
+    logits[:, [1, 12, 7, 30]] = torch.tensor([9.0, -5.0, -4.0, -4.5])  # (1: the model's best)
+    only = dict(allowed_token_ids=allowed, logprobs=True)
+    rows = [row(SamplingParams(temperature=1.5, **only), seed=s) for s in range(32)]
+    rows += [row(SamplingParams(temperature=1.0, top_k=1, **only), seed=3)]
+    rows += [row(SamplingParams(temperature=0, **only))]
+    rows += [row(SamplingParams(temperature=0, logit_bias={1: 100.0}, **only))]
+    free = row(SamplingParams(temperature=1.0), seed=9)
+    res = sample(logits[: len(rows) + 1], [*rows, free])
+    assert set(res.token_ids[:32]) == set(allowed)  # each drawn, and only they
+    assert res.token_ids[32:35] == [best, best, best]
+    assert res.token_ids[35] == sample(logits[:1], [free]).token_ids[0]
+    raw = torch.log_softmax(logits[0], dim=-1)
+    assert res.logprobs is not None
+    assert res.logprobs[33] == pytest.approx(float(raw[best]), abs=1e-5)
+
+
 def test_logprobs_are_of_the_raw_distribution() -> None:
     # log-sum-exp of (1, 2, 0.5) = log(2.71828 + 7.38906 + 1.64872) = 2.46437
     logits = torch.tensor([[1.0, 2.0, 0.5]])
@@ -178,6 +201,9 @@ def test_logprobs_are_of_the_raw_distribution() -> None:
             "stop_token_ids: expected token ids in \\[0, 100\\), got 999",
         ),
         (dict(logit_bias={5: 1000.0}), "logit_bias\\[5\\]"),
+        (dict(allowed_token_ids=()), "allowed_token_ids: expected at least one token id, got an"),
+        (dict(allowed_token_ids=(3, 100)), "allowed_token_ids: expected token ids in \\[0, 100\\)"),
+        (dict(allowed_token_ids=5), "allowed_token_ids: expected a list of token ids, got 5"),
         (dict(top_logprobs=-1), "top_logprobs"),
         (dict(seed=-3), "seed"),
         (dict(frequency_penalty=float("nan")), "frequency_penalty: expected a finite number"),

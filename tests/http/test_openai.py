@@ -622,6 +622,28 @@ def test_return_token_ids_gives_the_prompts_and_each_choices_ids(client: openai.
     assert "token_ids" not in plain["choices"][0]  # (not asked: not there)
 
 
+def test_allowed_token_ids_are_the_only_ids_drawn(client: openai.OpenAI) -> None:
+    """vLLM's ``allowed_token_ids`` (it was a 400): sampled or greedy, on both
+    endpoints, streamed too; an empty list or an id past the vocabulary is a 400
+    that names the field."""
+    model, allowed = model_id(client), [40, 41, 300, 301]
+    kwargs: Any = {"model": model, "max_tokens": 8, "seed": 4}
+    kwargs["extra_body"] = {"allowed_token_ids": allowed, "return_token_ids": True}
+    text = client.completions.create(prompt="Once upon", temperature=1.5, **kwargs).model_dump()
+    assert set(text["choices"][0]["token_ids"]) <= set(allowed)
+    chat = client.chat.completions.create(messages=MESSAGES, temperature=0, **kwargs)
+    assert set(chat.model_dump()["choices"][0]["token_ids"]) <= set(allowed)
+    stream = client.chat.completions.create(messages=MESSAGES, stream=True, **kwargs)
+    streamed = [t for c in stream for t in c.model_dump()["choices"][0]["token_ids"]]
+    assert streamed and set(streamed) <= set(allowed)
+    for bad, says in (([], "at least one token id"), ([5, 10**6], "token ids in [0, ")):
+        with pytest.raises(openai.BadRequestError, match="allowed_token_ids") as err:
+            client.completions.create(
+                model=model, prompt="x", max_tokens=2, extra_body={"allowed_token_ids": bad}
+            )
+        assert says in str(err.value)
+
+
 def test_request_id_is_the_rid_by_vllms_name(client: openai.OpenAI) -> None:
     model = model_id(client)
     out = client.completions.create(
