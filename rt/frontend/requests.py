@@ -35,8 +35,8 @@ Refused (where SGLang's and vLLM's servers answer 400):
 * ``chat_template_kwargs`` without a chat prompt, not an object of JSON values,
   or setting what the tokenizer sets (``tokenize``, ``tools``, …);
 * stop strings that are empty, more than ``MAX_STOP_STRINGS``, or longer than
-  ``MAX_STOP_CHARS`` (matching holds text back, and a long stop string costs
-  the detokenizer the square of its length where a match breaks);
+  ``MAX_STOP_CHARS`` (matching holds text back as long as a stop string, and
+  the detokenizer builds an automaton of them for each request);
 * an unknown parameter.
 
 Repaired, where what the caller meant is not in doubt:
