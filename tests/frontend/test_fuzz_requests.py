@@ -226,6 +226,12 @@ def sampling_args() -> dict[str, Arg]:
             ok_edges=[None, [], (), [0], [VOCAB - 1], list(range(VOCAB)), [1] * 100],
             bad_edges=[5, "1", "", [VOCAB], [-1], [True], [1.0], ["1"], [None], {1: 2}, {1}, [10**30]],
         ),
+        "allowed_token_ids": arg(  # (empty: nothing could be drawn)
+            st.none() | st.lists(TOKEN, min_size=1, max_size=4) | st.tuples(TOKEN),
+            with_one(BAD_ID, TOKEN) | st.integers() | TEXT | st.just([]),
+            ok_edges=[None, [0], [VOCAB - 1], list(range(VOCAB)), [1] * 100],
+            bad_edges=[[], (), 5, "1", "", [VOCAB], [-1], [True], [1.0], ["1"], [None], {1}],
+        ),
         "ignore_eos": arg(st.booleans(), NOT_BOOL, **BOOL_EDGES),
         "n": arg(  # n=1024 is valid but slow here (1,024 streams: seconds), so not drawn
             st.integers(1, 3),
