@@ -21,7 +21,7 @@ Every ring the frontend writes has one lock in front of it, so any number of
 callers wait their turn on a full ring (backpressure) instead of colliding
 (rt/frontend/plumbing.py: how it sends and reads without a checkpoint per
 message). A request's rid on the rings is the frontend's own (unique); the
-caller's rid may be reused once its request has left the table.
+caller's rid may be reused once its request has finished.
 """
 
 from __future__ import annotations
@@ -257,9 +257,10 @@ class Engine:
     async def _submit(
         self, req: GenerateRequest, user_rid: str, accepted: bool = False
     ) -> trio.MemoryReceiveChannel[Update | Refused]:
+        shutdown = errors.EngineShutdownError("the engine is shutting down; no new requests")
         if self._closing or self.gave_up or (self.refusing and not accepted):
-            raise errors.EngineShutdownError("the engine is shutting down; no new requests")
-        waiting = trio.CancelScope()  # abort() cancels it: the request is not sent
+            raise shutdown
+        waiting = trio.CancelScope()  # abort() or close() cancels it: the request is not sent
         self._arriving.setdefault(user_rid, []).append(waiting)
         try:
             with waiting:
@@ -270,6 +271,8 @@ class Engine:
             self._arriving[user_rid].remove(waiting)
             if not self._arriving[user_rid]:
                 del self._arriving[user_rid]
+        if self._closing:
+            raise shutdown
         if waiting.cancel_called:
             raise errors.RequestAborted(f"rid {user_rid!r}: aborted by abort()")
         self.table.add(req, user_rid, self._epoch)
@@ -277,9 +280,11 @@ class Engine:
         self._waiters[req.rid] = send
         try:
             await self._to_tokenizer(req)
-        except BaseException:  # cancelled while waiting for the ring: the request never left
+        except BaseException as err:  # cancelled waiting for the ring: the request never left
             self.table.remove(req.rid)
             self._waiters.pop(req.rid, None)
+            if self._closing and isinstance(err, errors.Closed):  # (the ring closed under it)
+                raise shutdown from None
             raise
         return receive
 
@@ -310,8 +315,7 @@ class Engine:
             await self._tokenizing.setdefault(rid, trio.Event()).wait()
 
     def _wake_tokenized(self, rid: str) -> None:
-        event = self._tokenizing.pop(rid, None)
-        if event is not None:
+        if (event := self._tokenizing.pop(rid, None)) is not None:
             event.set()
 
     def _leave(self, rid: str) -> None:
@@ -328,8 +332,7 @@ class Engine:
         self._readmit()
 
     def _deliver(self, record: Record, item: Update | Refused) -> None:
-        waiter = self._waiters.get(record.rid)
-        if waiter is not None:
+        if (waiter := self._waiters.get(record.rid)) is not None:
             waiter.send_nowait(item)
             if record.finished:
                 waiter.close()
@@ -581,18 +584,15 @@ class Engine:
 
     def close(self) -> None:
         self._closing = True
+        for scope in (s for waits in self._arriving.values() for s in waits):
+            scope.cancel()  # (waiting for an actor: EngineShutdownError at once)
         self._stats.close()  # (a control or a stats waiter: EngineShutdownError)
         self._detok_stats.close()
+        cut = "the engine shut down before the request finished"
         for rid, waiter in list(self._waiters.items()):
             record = self.table.records.get(rid)
             if record is not None and not record.finished:
-                waiter.send_nowait(
-                    Refused(
-                        rid,
-                        "EngineShutdownError",
-                        "the engine shut down before the request finished",
-                    )
-                )
+                waiter.send_nowait(Refused(rid, "EngineShutdownError", cut))
             waiter.close()
         for end in (*self._to_tok, self._to_sched, self._to_detok):
             end.tx.close()

@@ -15,7 +15,7 @@ import trio
 
 import rt
 import rt.actors
-from rt.errors import InvalidRequestError
+from rt.errors import Closed, EngineShutdownError, InvalidRequestError
 from rt.frontend.tokenizer_queues import DOWN_CHECK_S
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
 from rt.messages import GenerateRequest
@@ -425,6 +425,44 @@ async def test_shutdown_with_requests_in_flight_is_clean(tiny_model) -> None:
     )
     assert None not in pids and not [pid for pid in pids if _running(pid)]
     assert not [s for s in os.listdir("/dev/shm") if s.startswith(prefix)]
+
+
+async def test_callers_that_outlive_the_engine_are_told_it_shut_down_at_once(
+    tiny_model,
+) -> None:
+    """Requests of tasks outside ``open_engine``'s block, still waiting when it ends:
+    for room in a full tokenizer ring (they raised the ring's own ``Closed``, not
+    ``EngineShutdownError``), or for a killed actor to come back (they waited out
+    ``restart_wait_timeout``, 60 s, and then blamed the actors)."""
+    got: list[BaseException | None] = []
+
+    async def one(engine: rt.Engine, prompt: str) -> None:
+        try:
+            await engine.generate(prompt, max_new_tokens=2, allow_auto_truncate=True)
+            got.append(None)
+        except (EngineShutdownError, Closed) as err:
+            got.append(err)
+
+    options = {**OPTIONS, "ring_capacity": 1 << 16, "restart_wait_timeout": 60}
+    with trio.fail_after(30):
+        async with trio.open_nursery() as outer:
+            async with rt.open_engine(str(tiny_model), **options) as engine:
+                for _ in range(300):  # 2.4 MB for a ring of 64 KiB
+                    outer.start_soon(one, engine, "And it came to pass " * 400)
+                await trio.sleep(0.2)
+                unanswered = 300 - len(got)
+            async with rt.open_engine(str(tiny_model), **options) as engine:
+                os.kill(next(a.pid for a in engine.actors() if a.name == "scheduler"), 9)
+                await engine.supervisor.wait_for(lambda s: not s.healthy)
+                for _ in range(3):
+                    outer.start_soon(one, engine, "In the beginning")
+                await trio.sleep(0.2)
+                assert len(engine.rids) == 3  # waiting for the scheduler
+                closed_at = trio.current_time()
+        assert trio.current_time() - closed_at < 10
+    failed = [err for err in got if err is not None]
+    assert unanswered > 0 and len(got) == 303 and len(failed) > 3  # (some of the 300 too)
+    assert {type(err) for err in failed} == {EngineShutdownError}
 
 
 def _running(pid: int | None) -> bool:
