@@ -130,8 +130,10 @@ class RequestTable:
 
     def add(self, req: GenerateRequest, user_rid: str, epoch: int) -> Record:
         """A new request, sent to scheduler ``epoch``. A caller's rid may be used
-        again once its request has left the table; while it is in flight it is refused."""
-        if user_rid in self.by_user_rid:
+        again once its request has finished (ended, aborted, refused), though its
+        caller may not have read the end yet; while it is in flight it is refused."""
+        held = self.records.get(self.by_user_rid.get(user_rid, ""))
+        if held is not None and not held.finished:
             raise InvalidRequestError(
                 f"rid: {user_rid!r} is already in flight; a rid can be used again once "
                 "its request has finished"
@@ -147,8 +149,8 @@ class RequestTable:
 
     def remove(self, rid: str) -> Record | None:
         record = self.records.pop(rid, None)
-        if record is not None:
-            self.by_user_rid.pop(record.user_rid, None)
+        if record is not None and self.by_user_rid.get(record.user_rid) == rid:
+            del self.by_user_rid[record.user_rid]  # (not a later request's, under the same)
         return record
 
     def live(self) -> list[Record]:

@@ -22,7 +22,7 @@ from crashy_scheduler import SlowToDieScheduler
 import rt
 import rt.frontend.wiring as wiring
 from rt.actors import ActorState
-from rt.errors import InvalidRequestError, RequestFailedError
+from rt.errors import InvalidRequestError, RequestAborted, RequestFailedError
 from rt.frontend.health import unhealthy
 from rt.gpu import EngineConfig, EngineCore, SamplingParams
 from rt.testing import wait_restarted
@@ -407,7 +407,25 @@ async def test_a_rid_is_free_again_once_its_request_finished() -> None:
         await stream.__anext__()
         with pytest.raises(InvalidRequestError, match=r"busy.*already in flight"):
             await engine.generate("clash", rid="busy", max_new_tokens=2)
-        await stream.aclose()
+        # aborted, or ended, though its caller has not read the end: free again at once
+        # (it was refused until then: an RL loop aborts and retries under the same rid)
+        assert engine.abort("busy")
+        retry = await engine.generate("retry", rid="busy", max_new_tokens=3)
+        assert len(retry.output_ids) == 3
+        with pytest.raises(RequestAborted):
+            async for _ in stream:
+                pass
+        greedy: dict[str, Any] = dict(max_new_tokens=2, ignore_eos=True, temperature=0)
+        done = engine.stream("short", rid="done", **greedy)
+        first = await done.__anext__()
+        with trio.fail_after(30):
+            while "done" in engine.rids:
+                await trio.sleep(0.01)
+        again = await engine.generate("short", rid="done", **greedy)
+        rest = [chunk async for chunk in done]
+        ids = [*first.output_ids, *(t for chunk in rest for t in chunk.output_ids)]
+        assert ids == list(again.output_ids)  # its own output, read to its end
+        assert not engine.abort("done")
 
 
 async def test_client_rids_never_share_a_stream(tiny_model) -> None:
