@@ -199,7 +199,10 @@ async def run(
                     turns,
                 )
     if failures:
-        raise failures[0]
+        try:
+            raise failures[0]
+        finally:  # (its traceback holds this frame: through the list, a cycle that kept
+            failures.clear()  # the request, its body and its prompt till a full collection)
     return [r for r in results if r is not None]
 
 

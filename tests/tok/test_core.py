@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from rt.assets import default_model_path
+from rt.errors import ContextOverflowError
 from rt.gpu.sampling_params import SamplingParams
 from rt.messages import GenerateRequest, Refused
 from rt.tok.core import Result, TokenizerCore
@@ -371,3 +374,24 @@ def test_a_templates_error_is_said_in_at_most_a_thousand_characters(tokenizer) -
         assert len(result.message) < 1100
         assert whole == result.message.endswith("bad: short")
         assert whole or result.message.endswith("… (50005 characters)")
+
+
+def test_a_refusal_keeps_no_frame_of_its_batch_alive(core) -> None:
+    """A refused request's error kept its traceback, whose frames reach the frame of
+    the batch that keeps the error (the tokenizer's ``_tokenize``): a cycle that held
+    the batch's frames and texts (~1 GB of a tokenizer for 8 MB prompts) until a full
+    collection. Only the error's message is kept now."""
+
+    def batch() -> weakref.ref[BaseException]:
+        texts = [core.text(GenerateRequest("long", text="word " * 100_000))]
+        assert isinstance(texts[0], ContextOverflowError)
+        (refused,) = core.encode([GenerateRequest("long", text="")], texts)
+        assert isinstance(refused, Refused) and "shorten the prompt" in refused.message
+        return weakref.ref(texts[0])
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert batch()() is None  # gone with its batch, no collection needed
+    finally:
+        gc.enable()
