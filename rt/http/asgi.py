@@ -120,6 +120,15 @@ class Exchange:
         self.status = 0  # its status (0: none was sent)
         self.disconnected = False
 
+    async def _out(self, message: dict[str, Any]) -> None:
+        """One message to the server, whole. hypercorn writes to the socket shielded
+        from cancellation, but an abort landing between that write and the update of
+        its own state left the two apart: the status line sent, its state still
+        REQUEST, and the next message broke the connection (an SSE request aborted
+        at its first token got no response, and an ERROR was logged)."""
+        with trio.CancelScope(shield=True):
+            await self._send(message)
+
     async def read_body(self, limit: int, why: str = "--max-body-size") -> bytes:
         """The whole body; 413 past ``limit`` bytes (``why``: the limit's source), 408
         when it has not all arrived ``body_timeout`` seconds after its reading began
@@ -206,10 +215,10 @@ class Exchange:
         if not self._body_done:  # a body left unread: this connection cannot carry another request
             raw.append((b"connection", b"close"))
         self.started, self.status = True, status
-        await self._send({"type": "http.response.start", "status": status, "headers": raw})
+        await self._out({"type": "http.response.start", "status": status, "headers": raw})
         if self.method == "HEAD":  # the length GET's body would have, and no body
             body = b""
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        await self._out({"type": "http.response.body", "body": body, "more_body": False})
 
     async def json(self, obj: Any, status: int = 200, headers: Headers = ()) -> None:
         await self.respond(status, encode(obj), "application/json", headers)
@@ -221,7 +230,7 @@ class Exchange:
 
     async def start_events(self) -> None:
         self.started, self.status = True, 200
-        await self._send(
+        await self._out(
             {
                 "type": "http.response.start",
                 "status": 200,
@@ -235,11 +244,11 @@ class Exchange:
 
     async def event(self, obj: Any) -> None:
         data = b"data: " + encode(obj) + b"\n\n"
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        await self._out({"type": "http.response.body", "body": data, "more_body": True})
 
     async def end_events(self) -> None:
         """The last event, ``data: [DONE]``, and the end of the response."""
-        await self._send(
+        await self._out(
             {"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False}
         )
 
