@@ -388,7 +388,7 @@ def _as_received(req: GenerateRequest) -> GenerateRequest:
     net under them."""
     try:
         data = msgspec.msgpack.encode(req, enc_hook=_plain)
-    except (TypeError, ValueError, OverflowError, RecursionError) as err:
+    except (TypeError, ValueError, OverflowError, RecursionError, NotImplementedError) as err:
         raise InvalidRequestError(f"the request cannot be sent: {err}") from err
     try:
         received: GenerateRequest = codec.loads(data)
@@ -398,14 +398,17 @@ def _as_received(req: GenerateRequest) -> GenerateRequest:
 
 
 def _plain(value: Any) -> Any:
-    """A subclass of str, int or float (the checks above accept one) as the plain
-    value, without calling what the subclass may override."""
+    """A subclass of str, int or float, or a mapping that is no dict (a UserDict, a
+    MappingProxyType), all of which the checks above accept, as the plain value,
+    without calling what a subclass of str, int or float may override."""
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
         return int.__index__(value)
     if isinstance(value, float):
         return float.__float__(value)
+    if isinstance(value, Mapping):
+        return dict(value.items())
     raise NotImplementedError(f"Encoding objects of type {type(value).__name__} is unsupported")
 
 

@@ -5,6 +5,8 @@ expected and what arrived, before anything reaches a ring."""
 from __future__ import annotations
 
 import math
+from collections import UserDict
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -330,6 +332,19 @@ def test_subclasses_of_str_int_and_float_are_taken_as_their_plain_values() -> No
     assert req.sampling.temperature == 0.5 and type(req.sampling.temperature) is float
     ids = build_request([Count(5), Count(6)], {}, VOCAB).input_ids
     assert ids == (5, 6) and all(type(i) is int for i in ids)
+
+
+def test_mappings_that_are_no_dicts_are_taken_as_dicts() -> None:
+    """A UserDict or a MappingProxyType passed every check as an object, then failed
+    to encode with a raw NotImplementedError."""
+    meta = UserDict(a=1)
+    chat = [{"role": "user", "content": "hi", "meta": meta}]
+    kwargs = MappingProxyType({"opts": UserDict(b=MappingProxyType({"c": 2}))})
+    req = build_request(chat, {"chat_template_kwargs": kwargs}, VOCAB)
+    assert req.messages is not None and req.messages[0]["meta"] == {"a": 1}
+    assert req.template_kwargs == {"opts": {"b": {"c": 2}}}
+    user = build_request([UserDict(role="user", content="hi")], {}, VOCAB)
+    assert user.messages == ({"role": "user", "content": "hi"},)
 
 
 def test_float_fields_are_the_sampling_parameters_typed_float() -> None:
