@@ -8,6 +8,7 @@ flags map onto these one for one. An unknown or out-of-range option is a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -90,7 +91,7 @@ class EngineOptions(BaseModel):
     # torch's intra-op threads in the scheduler (None: torch's default, one per core). On a
     # host whose cores other processes share, 1 avoids OpenMP threads waiting on each other
     # (docs/benchmarks.md: several times faster on a loaded 2-core machine)
-    torch_threads: int | None = Field(None, ge=1)
+    torch_threads: int | None = Field(None, ge=1, le=4096)
     scheduler_cpus: str | None = Field(
         None,
         description="pin the scheduler to these CPUs ('1', '2-7') and the engine's other "
@@ -241,6 +242,17 @@ class EngineOptions(BaseModel):
                 "here; use device 'cpu'" + (f" or 'cuda:0'…'cuda:{count - 1}'" if count else "")
             )
 
+    @field_validator("fault_plan")
+    @classmethod
+    def _plan(cls, value: Any) -> Any:
+        from rt.actors.faultplan import FaultPlan
+
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if value is not None and not isinstance(value, str | FaultPlan):
+            raise ValueError(f"expected a FaultPlan or a path to one, got {type(value).__name__}")
+        return value
+
     @field_validator("scheduler_cpus")
     @classmethod
     def _cpu_list(cls, value: str | None) -> str | None:
@@ -299,6 +311,10 @@ class EngineOptions(BaseModel):
             config: dict[str, Any] = json.loads(path.read_text())
         except FileNotFoundError as err:
             raise ConfigError(f"model_path: no config.json in {path.parent}") from err
+        except NotADirectoryError as err:
+            raise ConfigError(f"model_path: {path.parent} is not a directory") from err
+        except (OSError, ValueError) as err:  # unreadable, or no JSON
+            raise ConfigError(f"model_path: cannot read {path}: {err}") from err
         return config
 
     def model_sampling_defaults(self) -> dict[str, Any]:

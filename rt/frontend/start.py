@@ -39,6 +39,13 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
     A start that fails raises its own error, never a group: ConfigError for options
     no engine could take (before any process starts), EscalationError for an actor
     that cannot start, KeyboardInterrupt for a Ctrl-C that came first."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        raise RuntimeError(
+            "rt.open_engine runs in a trio run (trio.run, or anyio on its trio backend), "
+            "and this is none: under asyncio, run it in a thread of its own with trio.run"
+        ) from None
     opts = EngineOptions.build(model_path=model_path, **options)
     opts.check_device()  # CUDA asked for on a host without it: before any process starts
     defaults = opts.model_sampling_defaults()  # refused before any process starts too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -538,6 +539,28 @@ async def test_bad_options_are_refused_before_anything_starts(tiny_model) -> Non
     with pytest.raises(rt.errors.ConfigError, match=r"scheduler_cpus: .*numbers and ranges"):
         async with rt.open_engine(str(tiny_model), scheduler_cpus="first"):
             pass
+    # each of these was a crash loop (torch's overflow) or a raw error of Python's
+    refused: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
+        ((str(tiny_model),), {"torch_threads": 2**70}, "torch_threads: .*less than or equal"),
+        ((str(tiny_model),), {"fault_plan": 5}, "fault_plan: .*expected a FaultPlan or a path"),
+        ((str(tiny_model / "config.json"),), {}, "model_path: .*config.json is not a directory"),
+    ]
+    for args, options, says in refused:
+        with pytest.raises(rt.errors.ConfigError, match=says):
+            async with rt.open_engine(*args, **options):
+                pass
+
+
+def test_open_engine_outside_a_trio_run_says_it_needs_one() -> None:
+    """Under asyncio (where a user of vLLM's AsyncLLMEngine tries it first) it was
+    trio's own AttributeError, from deep in a nursery."""
+
+    async def under_asyncio() -> None:
+        async with rt.open_engine():
+            pass
+
+    with pytest.raises(RuntimeError, match=r"rt\.open_engine runs in a trio run"):
+        asyncio.run(under_asyncio())
 
 
 @pytest.mark.slow
