@@ -36,7 +36,7 @@ Refused (where SGLang's and vLLM's servers answer 400):
   or setting what the tokenizer sets (``tokenize``, ``tools``, …);
 * stop strings that are empty, more than ``MAX_STOP_STRINGS``, or longer than
   ``MAX_STOP_CHARS`` (matching holds text back as long as a stop string, and
-  the detokenizer builds an automaton of them for each request);
+  each costs the detokenizer a step a character of every sample);
 * an unknown parameter.
 
 Repaired, where what the caller meant is not in doubt:
