@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import reprlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -303,7 +303,7 @@ def _encode_one(tokenizer: Any, text: str, add_special: bool) -> list[int] | Exc
         (ids,) = tokenizer([text], add_special_tokens=add_special)["input_ids"]
         return list(ids)
     except Exception as err:
-        return err
+        return untraced(err)
 
 
 def refuse(rid: str, err: RequestError) -> Refused:
@@ -317,10 +317,13 @@ def unencodable(err: Exception) -> InvalidRequestError:
     )
 
 
-def untraced(err: RequestError) -> RequestError:
+E = TypeVar("E", bound=BaseException)
+
+
+def untraced(err: E) -> E:
     """``err`` without its traceback or the errors it came from: their frames reach
-    the frame of the caller that keeps ``err`` (a cycle, which held each refused
-    request's text, ~1 GB of a tokenizer for 8 MB prompts, till a full collection)."""
+    the frame of the caller that keeps ``err`` (a cycle, which held the batch's
+    texts, ~1 GB of a tokenizer for 8 MB prompts, till a full collection)."""
     err.__traceback__ = err.__context__ = err.__cause__ = None
     return err
 

@@ -382,16 +382,24 @@ def test_a_refusal_keeps_no_frame_of_its_batch_alive(core) -> None:
     the batch's frames and texts (~1 GB of a tokenizer for 8 MB prompts) until a full
     collection. Only the error's message is kept now."""
 
-    def batch() -> weakref.ref[BaseException]:
-        texts = [core.text(GenerateRequest("long", text="word " * 100_000))]
+    class Text(str):  # (a str a weak reference can follow: the batch's text)
+        pass
+
+    def batch() -> tuple[weakref.ref[BaseException], weakref.ref[Text]]:
+        reqs = [GenerateRequest(rid, text="") for rid in ("long", "bad", "fine")]
+        texts: list[Any] = [core.text(GenerateRequest("long", text="word " * 100_000))]
         assert isinstance(texts[0], ContextOverflowError)
-        (refused,) = core.encode([GenerateRequest("long", text="")], texts)
-        assert isinstance(refused, Refused) and "shorten the prompt" in refused.message
-        return weakref.ref(texts[0])
+        texts += ["a lone surrogate \ud800, which no tokenizer encodes", Text("fine")]
+        long, bad, fine = core.encode(reqs, texts)
+        assert not isinstance(fine, Refused)
+        assert isinstance(long, Refused) and "shorten the prompt" in long.message
+        assert isinstance(bad, Refused) and "could not encode" in bad.message
+        return weakref.ref(texts[0]), weakref.ref(texts[2])
 
     gc.collect()
     gc.disable()
     try:
-        assert batch()() is None  # gone with its batch, no collection needed
+        error, text = batch()
+        assert error() is None and text() is None  # gone with the batch, no collection
     finally:
         gc.enable()
