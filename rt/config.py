@@ -29,6 +29,12 @@ from rt.gpu.sampling_params import SamplingParams
 MODEL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
+# Bounds no engine reaches, so that a value past them is refused before any process
+# starts (2**70 tokens or requests made the scheduler crash in a loop on torch's overflow)
+MAX_TOKENS = 1 << 40
+MAX_BATCH = 1 << 20
+
+
 class EngineOptions(BaseModel):
     """How to build and run an engine (``rt.open_engine(**options)``)."""
 
@@ -52,24 +58,25 @@ class EngineOptions(BaseModel):
     device: str = Field(
         "auto", description="auto: cuda if torch sees a CUDA device here, else cpu; or cpu, cuda:N"
     )
-    context_length: int | None = Field(None, ge=1)
+    context_length: int | None = Field(None, ge=1, le=MAX_TOKENS)
     # the scheduler
-    max_total_tokens: int | None = Field(None, ge=1)
+    max_total_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     mem_fraction: float | None = Field(
         None,
         gt=0,
         le=1,
         description="share of free memory for the KV pool; None: 0.85 on CUDA, 0.5 on the CPU",
     )
-    page_size: int = Field(1, ge=1)
+    page_size: int = Field(1, ge=1, le=MAX_BATCH)
     chunked_prefill_size: int | None = Field(
         None,
         ge=-1,
+        le=MAX_TOKENS,
         description="the most prompt tokens one step prefills; None: 8192 on CUDA, 2048 on "
         "the CPU; -1: no chunking",
     )
-    max_running_requests: int = Field(256, ge=1)
-    max_prefill_tokens: int = Field(16384, ge=1)
+    max_running_requests: int = Field(256, ge=1, le=MAX_BATCH)
+    max_prefill_tokens: int = Field(16384, ge=1, le=MAX_TOKENS)
     schedule_policy: Literal["fcfs", "lpm", "priority"] = "fcfs"
     enable_prefix_cache: bool = True
     attention_backend: Literal["torch", "triton", "flashinfer"] | None = Field(
@@ -107,16 +114,20 @@ class EngineOptions(BaseModel):
         description="replay CUDA graphs for decode; None: wherever they can run (CUDA, the "
         "triton backend, not deterministic)",
     )
-    cuda_graph_max_bs: int = Field(256, ge=1, description="the largest decode batch captured")
+    cuda_graph_max_bs: int = Field(
+        256, ge=1, le=MAX_BATCH, description="the largest decode batch captured"
+    )
     torch_compile: bool = Field(
         False,
         description="run decode steps through torch.compile (the torch backend; compiled at "
         "start-up, ~10 s per batch size)",
     )
-    torch_compile_max_bs: int = Field(8, ge=1, description="the largest decode batch compiled")
+    torch_compile_max_bs: int = Field(
+        8, ge=1, le=MAX_BATCH, description="the largest decode batch compiled"
+    )
     # the tokenizer workers
     tokenizer_workers: int = Field(1, ge=1, le=64)
-    tokenizer_batch_size: int = Field(64, ge=1)
+    tokenizer_batch_size: int = Field(64, ge=1, le=MAX_BATCH)
     tokenizer_batch_wait_ms: float = Field(2.0, ge=0)
     # supervision and recovery
     watchdog_timeout: float = Field(30.0, gt=0)
