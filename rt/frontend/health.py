@@ -13,9 +13,9 @@ from rt.frontend.wiring import SCHEDULER
 def unhealthy(engine: Any) -> str | None:
     """Why a request ``engine`` takes could not complete now, or None: it stops, it
     gave up, an actor is down (as its supervisor sees it, or as the kernel does
-    before), the suspects of a repeat crash are being told apart (new requests wait
-    meanwhile), the scheduler's step runs past half the watchdog's timeout, or an
-    actor shows no sign of life."""
+    before), the scheduler's step runs past half the watchdog's timeout, an actor
+    shows no sign of life, or the suspects of a repeat crash are being told apart
+    (new requests wait meanwhile)."""
     if getattr(engine, "stopped_by", None) is not None:
         return f"the server is shutting down ({engine.stopped_by})"
     status = engine.supervisor.status()
@@ -34,11 +34,6 @@ def unhealthy(engine: Any) -> str | None:
     seen = [(a.name, how) for a in status.every_actor() if (how := _seen_down(a))]
     if seen:  # killed or stopped, not seen by the supervisor yet (see seen_down)
         return "; ".join(f"{name} is {how}" for name, how in seen)
-    if engine.table.isolating:
-        return (
-            "the scheduler crashed again with the same requests in flight: new requests "
-            "wait while it is found which of those requests crashes it"
-        )
     sched = status.actor(SCHEDULER)  # (a step that hangs: its trio thread beats on;
     # past half the watchdog's budget: a CPU step of 10 s is no hang)
     stuck_after = max(SILENT_AFTER_S, engine.options.watchdog_timeout / 2)
@@ -53,6 +48,11 @@ def unhealthy(engine: Any) -> str | None:
             f"{a.name} has shown no sign of life for {a.beat_age:.1f} s (stopped or stuck; "
             "the watchdog restarts it if it does not come back)"
             for a in silent
+        )
+    if engine.table.isolating:
+        return (
+            "the scheduler crashed again with the same requests in flight: new requests "
+            "wait while it is found which of those requests crashes it"
         )
     return None
 
