@@ -10,13 +10,22 @@ and the shared one is stopped after the directory's last test.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 from serverlib import Server, start_server
 
 HERE = Path(__file__).resolve().parent
 SHARED = pytest.StashKey[Server]()
+
+
+@pytest.fixture(scope="module")
+def client(default_server: Server) -> Iterator[openai.OpenAI]:
+    """The official openai client, on the shared server (a module may have its own)."""
+    with openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="none", max_retries=0) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

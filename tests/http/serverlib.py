@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import small_shm
 
 READY = re.compile(r"rt-serve ready on http://127\.0\.0\.1:(\d+)")
@@ -166,3 +167,8 @@ def running_server(*args: str, shm_size: str | None = None, fd_limit: int = 0) -
 def write_plan(path: Path, plan: dict[str, Any]) -> str:
     path.write_text(json.dumps(plan))
     return str(path)
+
+
+def model_id(client: openai.OpenAI) -> str:
+    """The id of the one model an OpenAI-compatible server serves."""
+    return client.models.list().data[0].id
