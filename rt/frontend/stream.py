@@ -212,6 +212,9 @@ class Stream:
         # abort is handed to the engine's trio thread (closing here, from a worker
         # thread, once left the engine's control sender asleep for good).
         if not getattr(self, "_done", True):  # (not when __init__ failed)
+            record = self._engine.table.records.get(self._req.rid)
+            if record is not None:  # (its rid is free at once: the abort follows)
+                record.dropped = True
             with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(self.close)
 

@@ -108,6 +108,7 @@ class Record:
     redrives: int = 0  # times it was sent again for lack of news (a frame lost)
     redriven_at: float = 0.0  # when it was last sent again (time.monotonic())
     ended: int = 0  # its sequences with a finish_reason (finished is asked for every delta)
+    dropped: bool = False  # its caller dropped its stream unfinished: aborted a tick later
 
     @property
     def rid(self) -> str:
@@ -131,9 +132,11 @@ class RequestTable:
     def add(self, req: GenerateRequest, user_rid: str, epoch: int) -> Record:
         """A new request, sent to scheduler ``epoch``. A caller's rid may be used
         again once its request has finished (ended, aborted, refused), though its
-        caller may not have read the end yet; while it is in flight it is refused."""
+        caller may not have read the end yet, or its stream was dropped (``break``
+        out of its loop: the abort comes a tick later); while it is in flight it is
+        refused."""
         held = self.records.get(self.by_user_rid.get(user_rid, ""))
-        if held is not None and not held.finished:
+        if held is not None and not held.finished and not held.dropped:
             raise InvalidRequestError(
                 f"rid: {user_rid!r} is already in flight; a rid can be used again once "
                 "its request has finished"

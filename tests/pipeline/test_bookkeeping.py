@@ -97,6 +97,12 @@ async def test_a_rid_is_free_again_once_its_request_finished() -> None:
         ids = [*first.output_ids, *(t for chunk in rest for t in chunk.output_ids)]
         assert ids == list(again.output_ids)  # its own output, read to its end
         assert not engine.abort("done")
+        # a loop left with break: its stream dropped, the rid is free at once (it was
+        # refused until trio's next tick, when the dropped stream's abort runs)
+        async for _ in engine.stream("long", rid="left", max_new_tokens=200, ignore_eos=True):
+            break
+        left = await engine.generate("again", rid="left", max_new_tokens=2)
+        assert len(left.output_ids) == 2
 
 
 async def test_client_rids_never_share_a_stream(tiny_model) -> None:
