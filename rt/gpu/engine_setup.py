@@ -73,19 +73,27 @@ def build_parts(config: EngineConfig) -> EngineParts:
         config, model_config, dtype, device
     )
     num_pages = max(2, total_tokens // ps + 1)  # + the reserved page 0
-    pool = KVPool(
-        num_pages,
-        ps,
-        attn_layers,
-        model_config.num_kv_heads,
-        model_config.head_dim,
-        dtype,
-        device,
-        slots_major=config.backend in SLOTS_MAJOR_BACKENDS,
-    )
-    allocator = PageAllocator(num_pages, ps)
-    width = min(context_length, (num_pages - 1) * ps)
-    table = ReqTable(config.max_running_requests + 1, width, device)
+    try:
+        pool = KVPool(
+            num_pages,
+            ps,
+            attn_layers,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            dtype,
+            device,
+            slots_major=config.backend in SLOTS_MAJOR_BACKENDS,
+        )
+        allocator = PageAllocator(num_pages, ps)
+        width = min(context_length, (num_pages - 1) * ps)
+        table = ReqTable(config.max_running_requests + 1, width, device)
+    except (MemoryError, RuntimeError) as err:  # (torch's out of memory is a RuntimeError)
+        # a ConfigError: every start would fail the same way (no crash loop of restarts)
+        raise ConfigError(
+            f"a KV pool of {total_tokens} tokens and a table of {config.max_running_requests} "
+            f"requests do not fit on {device} ({type(err).__name__}: {err}); lower "
+            "max_total_tokens or max_running_requests"
+        ) from err
     tree = RadixCache(ps, device)
     cache = KVCacheManager(allocator, table, tree, config.enable_prefix_cache)
     attn = None

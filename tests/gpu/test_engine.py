@@ -76,6 +76,16 @@ def test_a_cpu_step_prefills_2048_prompt_tokens_at_most_by_default(
     assert unchunked.step().num_tokens == 40 * 64
 
 
+def test_a_kv_pool_that_cannot_be_allocated_is_a_config_error(
+    checkpoints: dict[str, Path],
+) -> None:
+    """A ConfigError, which the supervisor does not start again: a MemoryError or
+    torch's RuntimeError made the scheduler crash at every start (a loop of restarts,
+    then an escalation)."""
+    with pytest.raises(ConfigError, match="do not fit on cpu .*lower max_total_tokens"):
+        make_engine(checkpoints["llama"], max_total_tokens=1 << 40)
+
+
 def test_finish_reasons_and_min_new_tokens(checkpoints: dict[str, Path]) -> None:
     engine = make_engine(checkpoints["llama"])
     p = prompts(1, [12], seed=5)[0]
