@@ -115,7 +115,9 @@ def _init_dummy(model: nn.Module, cfg: ModelConfig, seed: int) -> None:
                 param.zero_()
             else:
                 # one generator per parameter: its values do not depend on the others' sizes
-                gen = torch.Generator(device=param.device).manual_seed(seed * 1_000_003 + i)
+                draw = seed * 1_000_003 + i  # (past what torch takes: wrapped, not refused)
+                draw = draw if -(1 << 63) <= draw < 1 << 64 else draw % (1 << 64)
+                gen = torch.Generator(device=param.device).manual_seed(draw)
                 param.normal_(0.0, cfg.initializer_range, generator=gen)
 
 

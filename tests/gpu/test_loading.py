@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -130,6 +131,16 @@ def test_dummy_weights_in_each_dtype(checkpoints: dict[str, Path], dtype: str) -
     first = run_all(engine, reqs)
     assert all(len(r["tokens"]) == 6 for r in first.values())
     assert run_all(build(), reqs) == first  # dummy weights are seeded
+
+
+def test_dummy_weights_take_any_seed(checkpoints: dict[str, Path]) -> None:
+    """A seed past about 1.8e13 made the draw's own seed overflow torch's (a crash at
+    every start of the scheduler: a loop of restarts, then an escalation)."""
+    cfg = ModelConfig.from_dir(checkpoints["mistral"])
+    for seed in (2**62, -(2**62)):
+        config = EngineConfig(model_config=cfg, load_format="dummy", seed=seed)
+        engine = EngineCore(dataclasses.replace(config, max_total_tokens=256))
+        assert run_all(engine, {"r": (prompts(1, [5])[0], greedy(2, ignore_eos=True))})
 
 
 def test_tied_embeddings_share_storage(checkpoints: dict[str, Path]) -> None:
