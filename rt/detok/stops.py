@@ -72,6 +72,7 @@ class StopMatcher:
     def flush(self) -> str:
         """At the end of generation: whatever was held is not a stop string after all."""
         text, self.held = ("" if self.matched is not None else self.held), ""
+        self._ends = [0] * len(self.stops)  # (nothing held: a stop string starts afresh)
         return text
 
     def _read(self, delta: str) -> bool:

@@ -52,8 +52,9 @@ async def version(front: Front, ex: Exchange) -> None:
 
 
 async def health_generate(front: Front, ex: Exchange) -> None:
-    """Generates one token, bypassing the queue limit. While generation is
-    paused, nothing could come: 503 at once, not after the timeout."""
+    """Generates one token, bypassing the queue limit. Whenever /health is 503
+    (generation paused, an actor down, suspects being told apart, …) nothing
+    could come: 503 at once, with /health's reason, not after the timeout."""
     reason = _unready(front)
     if reason is not None:
         raise HTTPError(503, reason, headers=[("retry-after", "1")])

@@ -38,6 +38,7 @@ def test_held_text_is_released_at_the_end() -> None:
     m = StopMatcher(("\n\n",))
     assert m.feed("line\n") == "line"
     assert m.flush() == "\n"
+    assert m.feed("\nmore") == "\nmore"  # (what was held is gone: no stop string spans it)
 
 
 def test_no_stop_strings_passes_everything() -> None:
@@ -109,3 +110,9 @@ def test_long_stop_strings_cost_a_character_not_their_square() -> None:
     assert time.perf_counter() - started < 1.0
     assert out == " the" * (2000 - 255) and len(m.held) == 1020
     assert m.feed(" END") == "" and m.matched == stops[-1]
+    # the worst case: every stop string moves with each character (~15 us a character)
+    alike = tuple(" the" * 255 + f"{i:03d}" + "!" for i in range(64))
+    m, started = StopMatcher(alike), time.perf_counter()
+    out = "".join(m.feed(" the") for _ in range(2000))
+    assert time.perf_counter() - started < 3.0
+    assert out == " the" * (2000 - 255) and m.matched is None
