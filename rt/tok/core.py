@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import reprlib
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any, TypeVar
 
 import numpy as np
@@ -185,9 +186,11 @@ class TokenizerCore:
             ) from None
         except Exception as err:  # a template error is the caller's input, not a crash
             said = str(err)  # (it may quote the whole chat: raise_exception(content))
-            said = said if len(said) <= 1000 else f"{said[:1000]}… ({len(said)} characters)"
-            raise InvalidRequestError(f"messages: the chat template failed: {said}") from err
-        return str(text)
+            _unravel(err)
+        else:
+            return str(text)
+        said = said if len(said) <= 1000 else f"{said[:1000]}… ({len(said)} characters)"
+        raise InvalidRequestError(f"messages: the chat template failed: {said}")
 
     def _encode(
         self, texts: dict[int, str], plain: dict[int, bool]
@@ -318,6 +321,32 @@ def unencodable(err: Exception) -> InvalidRequestError:
 
 
 E = TypeVar("E", bound=BaseException)
+
+
+def _unravel(err: BaseException) -> None:
+    """Clear the finished frames ``err``'s tracebacks (and those of the errors it came
+    from) reach, then the tracebacks. Jinja's rewriting of a template's traceback
+    leaves its own frames in a cycle (a frame's locals hold the traceback of the
+    frame that calls it back) whose ``f_back`` reaches the caller's frames, and
+    with them the tokenizer's batch, until a full collection."""
+    todo, seen = [err], set()
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        while tb is not None:
+            frame: FrameType | None = tb.tb_frame
+            while frame is not None:
+                try:
+                    frame.clear()
+                except RuntimeError:  # still running: this one's and its callers', ours
+                    break
+                frame = frame.f_back
+            tb = tb.tb_next
+        e.__traceback__ = None
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
 
 
 def untraced(err: E) -> E:

@@ -376,14 +376,15 @@ def test_a_templates_error_is_said_in_at_most_a_thousand_characters(tokenizer) -
         assert whole or result.message.endswith("… (50005 characters)")
 
 
+class Text(str):
+    """A str a weak reference can follow: a text of the batch."""
+
+
 def test_a_refusal_keeps_no_frame_of_its_batch_alive(core) -> None:
     """A refused request's error kept its traceback, whose frames reach the frame of
     the batch that keeps the error (the tokenizer's ``_tokenize``): a cycle that held
     the batch's frames and texts (~1 GB of a tokenizer for 8 MB prompts) until a full
     collection. Only the error's message is kept now."""
-
-    class Text(str):  # (a str a weak reference can follow: the batch's text)
-        pass
 
     def batch() -> tuple[weakref.ref[BaseException], weakref.ref[Text]]:
         reqs = [GenerateRequest(rid, text="") for rid in ("long", "bad", "fine")]
@@ -401,5 +402,30 @@ def test_a_refusal_keeps_no_frame_of_its_batch_alive(core) -> None:
     try:
         error, text = batch()
         assert error() is None and text() is None  # gone with the batch, no collection
+    finally:
+        gc.enable()
+
+
+def test_a_chat_template_that_raises_keeps_no_frame_of_its_batch_alive() -> None:
+    """Jinja rewrites a failing template's traceback into frames of its own, in a
+    cycle whose ``f_back`` reached the batch: another request's text stayed alive
+    till a full collection (the default model's template refuses a role "tool")."""
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    core = TokenizerCore(tokenizer, context_length=256, vocab_size=len(tokenizer))
+
+    def batch() -> weakref.ref[Text]:
+        other = Text("word " * 1000)
+        reqs = [
+            GenerateRequest("bad", messages=({"role": "tool", "content": "x"},)),
+            GenerateRequest("other", text=other, allow_auto_truncate=True),
+        ]
+        bad, _ = core.process(reqs)
+        assert isinstance(bad, Refused) and "the chat template failed" in bad.message
+        return weakref.ref(other)
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert batch()() is None  # gone with its batch, no collection needed
     finally:
         gc.enable()
