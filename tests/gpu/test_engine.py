@@ -82,7 +82,7 @@ def test_a_kv_pool_that_cannot_be_allocated_is_a_config_error(
     """A ConfigError, which the supervisor does not start again: a MemoryError or
     torch's RuntimeError made the scheduler crash at every start (a loop of restarts,
     then an escalation)."""
-    with pytest.raises(ConfigError, match="do not fit on cpu .*lower max_total_tokens"):
+    with pytest.raises(ConfigError, match=r"do not fit on cpu .*lower max_total_tokens"):
         make_engine(checkpoints["llama"], max_total_tokens=1 << 40)
 
 
