@@ -186,11 +186,9 @@ class TokenizerCore:
             ) from None
         except Exception as err:  # a template error is the caller's input, not a crash
             said = str(err)  # (it may quote the whole chat: raise_exception(content))
-            _unravel(err)
-        else:
-            return str(text)
-        said = said if len(said) <= 1000 else f"{said[:1000]}… ({len(said)} characters)"
-        raise InvalidRequestError(f"messages: the chat template failed: {said}")
+            said = said if len(said) <= 1000 else f"{said[:1000]}… ({len(said)} characters)"
+            raise InvalidRequestError(f"messages: the chat template failed: {said}") from err
+        return str(text)
 
     def _encode(
         self, texts: dict[int, str], plain: dict[int, bool]
@@ -323,13 +321,15 @@ def unencodable(err: Exception) -> InvalidRequestError:
 E = TypeVar("E", bound=BaseException)
 
 
-def _unravel(err: BaseException) -> None:
-    """Clear the finished frames ``err``'s tracebacks (and those of the errors it came
-    from) reach, then the tracebacks. Jinja's rewriting of a template's traceback
-    leaves its own frames in a cycle (a frame's locals hold the traceback of the
-    frame that calls it back) whose ``f_back`` reaches the caller's frames, and
-    with them the tokenizer's batch, until a full collection."""
-    todo, seen = [err], set()
+def untraced(err: E) -> E:
+    """``err`` without its traceback or the errors it came from, the finished frames
+    those tracebacks reach cleared first. A kept error's frames reach the frame of
+    the caller that keeps it (a cycle, which held the batch's texts, ~1 GB of a
+    tokenizer for 8 MB prompts, till a full collection); Jinja's rewriting of a
+    template's traceback leaves a cycle of its own frames whose ``f_back`` reaches
+    the caller's too."""
+    todo: list[BaseException] = [err]
+    seen: set[int] = set()
     while todo:
         e = todo.pop()
         if id(e) in seen:
@@ -345,15 +345,9 @@ def _unravel(err: BaseException) -> None:
                     break
                 frame = frame.f_back
             tb = tb.tb_next
-        e.__traceback__ = None
         todo += [x for x in (e.__cause__, e.__context__) if x is not None]
-
-
-def untraced(err: E) -> E:
-    """``err`` without its traceback or the errors it came from: their frames reach
-    the frame of the caller that keeps ``err`` (a cycle, which held the batch's
-    texts, ~1 GB of a tokenizer for 8 MB prompts, till a full collection)."""
-    err.__traceback__ = err.__context__ = err.__cause__ = None
+        e.__traceback__ = None
+    err.__context__ = err.__cause__ = None
     return err
 
 
