@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 # had 25,000 sent again) for so many stall timeouts: one lost under a queue that never
 # empties (steady overload) hung till the load stopped
 QUEUE_PATIENCE = 4
+SHUTTING_DOWN = "the engine is shutting down; no new requests"
 STALLED = "%d request(s) with no news for %.1f s or more; sending them again: %s%s"
 
 
@@ -257,9 +258,8 @@ class Engine:
     async def _submit(
         self, req: GenerateRequest, user_rid: str, accepted: bool = False
     ) -> trio.MemoryReceiveChannel[Update | Refused]:
-        shutdown = errors.EngineShutdownError("the engine is shutting down; no new requests")
         if self._closing or self.gave_up or (self.refusing and not accepted):
-            raise shutdown
+            raise errors.EngineShutdownError(SHUTTING_DOWN)
         waiting = trio.CancelScope()  # abort() or close() cancels it: the request is not sent
         self._arriving.setdefault(user_rid, []).append(waiting)
         try:
@@ -272,7 +272,7 @@ class Engine:
             if not self._arriving[user_rid]:
                 del self._arriving[user_rid]
         if self._closing:
-            raise shutdown
+            raise errors.EngineShutdownError(SHUTTING_DOWN)
         if waiting.cancel_called:
             raise errors.RequestAborted(f"rid {user_rid!r}: aborted by abort()")
         self.table.add(req, user_rid, self._epoch)
@@ -284,7 +284,7 @@ class Engine:
             self.table.remove(req.rid)
             self._waiters.pop(req.rid, None)
             if self._closing and isinstance(err, errors.Closed):  # (the ring closed under it)
-                raise shutdown from None
+                raise errors.EngineShutdownError(SHUTTING_DOWN) from None
             raise
         return receive
 
