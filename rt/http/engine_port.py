@@ -88,6 +88,11 @@ class EngineStream:
     async def aclose(self) -> None:
         await self._stream.aclose()
 
+    def close(self) -> None:
+        """Abort the request now, if the engine has not ended it; what was not read
+        is dropped, and the next read ends the stream."""
+        self._stream.close()
+
     async def tokenized(self) -> bool:
         """Wait until the engine has taken the prompt (True), or refused it (False)."""
         return bool(await self._stream.tokenized())

@@ -65,6 +65,8 @@ class Tracked:
         if self.abort_cause is None:
             self.abort_cause = cause
         self.scope.cancel()
+        if self.stream is not None:  # the engine stops now: its reader may be held in a
+            self.stream.close()  # write to a client that stopped reading (shielded)
 
     def on_delta(self, delta: Delta) -> None:
         tokens = len(delta.output_ids)

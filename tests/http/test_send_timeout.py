@@ -13,12 +13,13 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import trio
-from serverlib import Server, running_server
+from serverlib import Server, running_server, write_plan
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Request, TextMessage
 
@@ -311,3 +312,50 @@ async def test_an_abort_at_a_streams_first_token_still_ends_its_response(server:
             for k in range(8):
                 nursery.start_soon(worker, k)
     assert not broken and ended == 480, broken[:5]
+
+
+def queued_to(server_port: int, sock: socket.socket) -> int:
+    """The bytes the server's end of ``sock``'s connection holds unsent (/proc/net/tcp)."""
+    ends = {f"0100007F:{server_port:04X}", f"0100007F:{sock.getsockname()[1]:04X}"}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, remote, _, queues = line.split()[1:5]
+        if {local, remote} == ends and local.endswith(f":{server_port:04X}"):
+            return int(queues.split(":")[0], 16)
+    return 0
+
+
+def test_an_abort_stops_the_generations_of_a_client_that_stopped_reading(tmp_path: Path) -> None:
+    """/abort_request of a stream whose client stopped reading: the stream's reader
+    waited in its write (hypercorn shields it) and saw the abort only after it, so
+    the engine generated on to max_new_tokens, until --send-timeout cut the client
+    (60 s by default). The abort stops the engine at once now."""
+    slow = {"seed": 1, "faults": [{"actor": "scheduler", "point": "step", "action": "delay",
+                                   "delay_ms": 40, "times": 0}]}  # fmt: skip
+    plan = write_plan(tmp_path / "slow.json", slow)
+    with running_server(
+        "--load-format=null", f"--fault-plan={plan}", "--send-timeout=60"
+    ) as server:
+        payload = {**body(64), "rid": "stuck"}
+        payload["sampling_params"]["max_new_tokens"] = 480  # ~20 s of 40 ms steps
+        sock = post_stream(server.port, payload, rcvbuf=2048, http="1.0")  # (the end: EOF)
+        try:
+            assert all_in_flight(server, 64)
+            deadline, last = time.monotonic() + 30, -1
+            while (queued := queued_to(server.port, sock)) == 0 or queued != last:
+                assert time.monotonic() < deadline, "the server's writes never waited"
+                last = queued
+                time.sleep(0.5)  # (full and unchanged: its write waits on the client)
+            answer = httpx.post(f"{server.url}/abort_request", json={"rid": "stuck"}, timeout=30)
+            assert answer.json() == {"aborted": 64}, answer.text
+            aborted = time.monotonic()
+            while (server.info()["scheduler"] or {}).get("running"):
+                # (the engine without the abort: the ~15 s of steps left)
+                assert time.monotonic() - aborted < 8, "the engine generated on"
+                time.sleep(0.1)
+            data = read_to_end(sock, every_s=0.05)  # the client reads again: its answer
+        finally:  # ends, each prompt's marked aborted
+            sock.close()
+    events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: {")]
+    ends = [e["meta_info"]["finish_reason"] for e in events if e["meta_info"]["finish_reason"]]
+    assert len(ends) == 64 and all(end["type"] == "abort" for end in ends), ends[:3]
+    assert data.endswith(b"data: [DONE]\n\n"), data[-100:]
