@@ -199,6 +199,7 @@ class SchedulerStats(Message, frozen=True):
     paused: bool = False  # generation paused by a Control
     control: int = 0  # the seq of the last Control applied (0: none this incarnation)
     control_ok: bool = True  # whether that Control did what it asked
+    last_gen_throughput: float = 0.0  # tokens/s of recent decode steps (SGLang's name)
 
 
 class StepTokens(Message, frozen=True):

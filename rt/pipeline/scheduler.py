@@ -87,6 +87,7 @@ IDLE_CHECK_S = 0.05
 # tokens here): it takes at most this share of the time, however big the pool.
 CHECK_SHARE = 0.02
 TOMBSTONE_TTL_S = 30.0  # see the module docstring
+GEN_WINDOW_STEPS = 40  # decode steps a last_gen_throughput is measured over
 
 
 class StepPlacement:
@@ -119,6 +120,34 @@ class StepPlacement:
             self.decode_s += 0.2 * (seconds - self.decode_s)
 
 
+class GenThroughput:
+    """SGLang's ``last_gen_throughput``: the tokens decode steps made a second, over
+    the last GEN_WINDOW_STEPS of them (its decode log's interval), or fewer when the
+    scheduler went idle first. Time between steps counts; idle time does not."""
+
+    def __init__(self) -> None:
+        self.last = 0.0  # tokens/s of the last closed window (0.0 before the first)
+        self._tokens = self._steps = 0
+        self._since = self._until = 0.0
+
+    def step(self, out: StepOutput, started: float) -> None:
+        if out.forward_mode != "decode":
+            return
+        if not self._steps:
+            self._since = started
+        self._tokens += sum(len(o.token_ids) for o in out.outputs)
+        self._steps += 1
+        self._until = time.monotonic()
+        if self._steps >= GEN_WINDOW_STEPS:
+            self.close()
+
+    def close(self) -> None:
+        """End the window (the scheduler goes idle): its figure is the last."""
+        if self._steps:
+            self.last = self._tokens / max(self._until - self._since, 1e-9)
+            self._tokens = self._steps = 0
+
+
 class SchedulerActor(Actor):
     fault_points = frozenset({"step", "forward"})
 
@@ -145,6 +174,7 @@ class SchedulerActor(Actor):
         self.steps = 0
         self.reported = False  # whether this idle spell's state was reported
         self.report_due = 0.0  # time.monotonic() of the next report while busy
+        self.throughput = GenThroughput()
         self.integrity_ok = True  # the last idle check's verdict
         self.check_s, self.checked_at = 0.0, -math.inf  # how long it took, and when
         self.reported_requests = 0  # the request records the last report counted
@@ -218,6 +248,7 @@ class SchedulerActor(Actor):
                 continue
             await ctx.faults.point("step")
             inline = self.placement.inline(self.engine)
+            started = time.monotonic()
             # a death inside is charged to the requests in hand, not to this actor
             with ctx.handling_requests():
                 if inline:
@@ -226,6 +257,7 @@ class SchedulerActor(Actor):
                     out = await trio.to_thread.run_sync(self._step, ctx)
             if inline:
                 await trio.lowlevel.checkpoint()
+            self.throughput.step(out, started)
             stats = None
             if time.monotonic() >= self.report_due:
                 stats = self._stats(check=False)
@@ -242,6 +274,7 @@ class SchedulerActor(Actor):
         so that a report with no request record left comes."""
         with trio.move_on_after(IDLE_CHECK_S):
             await self.wakeup.wait()
+        self.throughput.close()
         while not self.wakeup.is_set():
             if not self.reported:
                 await send(ctx.outbox[OUT], self._frame(StepOutput(), self._stats()))
@@ -441,6 +474,7 @@ class SchedulerActor(Actor):
             paused=self.paused,
             control=self.control,
             control_ok=self.control_ok,
+            last_gen_throughput=self.throughput.last,
         )
 
     def _frame(self, out: StepOutput, stats: SchedulerStats | None = None) -> StepTokens:

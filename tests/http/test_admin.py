@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from functools import partial
 from typing import Any
 
@@ -125,6 +126,32 @@ def test_server_info(default_server: Server) -> None:
     assert sglang["context_length"] == 512 and sglang["tp_size"] == 1
     assert sglang["max_running_requests"] == info["config"]["max_running_requests"]
     assert isinstance(sglang["internal_states"][0], dict)
+
+
+def test_last_gen_throughput_is_the_decode_rate_as_sglangs(default_server: Server) -> None:
+    """sglang.bench_one_batch_server reads internal_states[0]["last_gen_throughput"]
+    after its batch (a KeyError ended it): tokens a second over the last decode steps."""
+    url = f"{default_server.url}/get_server_info"
+    before = httpx.get(url, timeout=30).json()["internal_states"][0].get("steps", 0)
+    params = {"max_new_tokens": 60, "ignore_eos": True}
+    start = time.monotonic()
+    answer = httpx.post(
+        f"{default_server.url}/generate",
+        json={"text": ["In the beginning"] * 4, "sampling_params": params},
+        timeout=60,
+    )
+    took = time.monotonic() - start
+    assert answer.status_code == 200, answer.text
+    deadline = time.monotonic() + 30
+    while True:  # (reported once the scheduler is idle)
+        state = httpx.get(url, timeout=30).json()["internal_states"][0]
+        if state["steps"] >= before + 60 and not state["running"] + state["waiting"]:
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    # the client's rate counts the prefill and the HTTP round trip; the steps' does not
+    seen = 4 * 60 / took
+    assert 0.5 * seen < state["last_gen_throughput"] < 50 * seen, (state, seen)
 
 
 async def test_server_info_says_where_auto_put_the_engine(default_server: Server) -> None:
