@@ -9,15 +9,21 @@
   whose faults restart actors more often than that makes the server give up,
   as it should, and the run then blamed the server for it. Such a schedule is
   refused before it starts, saying what to change (a server rt-chaos starts
-  itself gets a limit that fits its schedule).
+  itself gets a limit that fits its schedule). A schedule drawn for the server
+  is first spread out to fit it (:func:`spaced`): a server at its default
+  flags (5 restarts in 60 s) takes the default runs (they were refused, the
+  documented examples with them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from rt.chaos.schedule import Schedule
+from rt.chaos.schedule import Schedule, ScheduleConfig
+
+SPACING_MARGIN = 1.1  # faults a little further apart than the budget allows at its fullest
+MEAN_EXTRA_WAIT_S = 0.85 + 1.0  # the drawn part of a fault's wait, and its phase's (roughly)
 
 
 class AttachError(RuntimeError):
@@ -75,6 +81,24 @@ def restarts_at_once(schedule: Schedule, window: float) -> int:
         (sum(1 for t in times[i:] if t - start < window) for i, start in enumerate(times)),
         default=0,
     )
+
+
+def spaced(config: ScheduleConfig, server: Served, duration: float | None = None) -> ScheduleConfig:
+    """``config`` with its signal faults far enough apart that the restarts they
+    cause stay within ``server``'s limit (a window's worth of them at most), and
+    no more of them than a run of ``duration`` seconds has room for. The restart
+    phase (a fault while the one before is still restarting its actor: two
+    restarts at once) is left out when the faults must be spread out."""
+    if server.max_restarts <= 0:  # (nothing fits: refused as before)
+        return config
+    gap = SPACING_MARGIN * server.restart_window / server.max_restarts
+    if gap <= config.min_wait_s:
+        return config
+    phases = tuple(p for p in config.phases if p != "restart") or config.phases
+    faults = config.faults
+    if duration is not None:  # (a count of requests goes on until the faults fired)
+        faults = min(faults, max(1, int(duration // (gap + MEAN_EXTRA_WAIT_S))))
+    return replace(config, min_wait_s=gap, phases=phases, faults=faults)
 
 
 def check_restart_limit(schedule: Schedule, server: Served) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rt.chaos import figures
-from rt.chaos.attach import check_restart_limit, served
+from rt.chaos.attach import check_restart_limit, served, spaced
 from rt.chaos.draw import draw_schedule
 from rt.chaos.ledger import Ledger
 from rt.chaos.reference import Replayer
@@ -74,6 +74,20 @@ def model_path(run: RunConfig) -> str:
 async def campaign(
     config: CampaignConfig, say: Callable[[str], None] = lambda _: None, judge: Judge | None = None
 ) -> Outcome:
+    server = None
+    if config.run.mode == "attach" and config.run.url is not None:
+        # a server started by someone else: what it serves, and how, decides how its
+        # outputs are judged; its restart limit, how far apart the faults must be
+        server = await served(config.run.url)
+        fitted = spaced(config.schedule, server, config.run.duration)
+        if fitted != config.schedule and config.plan is None:
+            say(
+                f"the server gives up past {server.max_restarts} restarts in "
+                f"{server.restart_window:g} s: {fitted.faults} signal fault(s) at least "
+                f"{fitted.min_wait_s:.1f} s apart, none in the restart phase (its "
+                "--max-restarts allows denser faults)"
+            )
+            config = replace(config, schedule=fitted)
     full = config.plan or draw_schedule(config.run.seed, config.schedule)
     # The requests never change with the faults kept: poison texts are sent either way.
     run = replace(
@@ -82,11 +96,7 @@ async def campaign(
     )
     config = replace(config, run=run)
     schedule = schedule_of(config)
-    server = None
-    if run.mode == "attach" and run.url is not None:
-        # a server started by someone else: what it serves, and how, decides how its
-        # outputs are judged; its restart limit, which schedules it can take
-        server = await served(run.url)
+    if server is not None:  # (a replayed --plan may still not fit)
         check_restart_limit(schedule, server)
     if judge is None:
         dtype = str(run.engine.get("dtype", "float32"))

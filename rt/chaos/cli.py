@@ -9,9 +9,10 @@ Exit status: 0 when every checker passed, 1 when one failed (the report
 then ends with the shortest fault schedule that still fails) or when no
 planned fault fired (INCONCLUSIVE: the run tested nothing), 2 for a usage
 error (or a server attached to that cannot take the run asked for), 130 when
-Ctrl-C ended the run (no verdict). Attached to a server (``--url``), a schedule
-that would restart its actors past its ``--max-restarts`` is refused before it
-starts (rt/chaos/attach.py).
+Ctrl-C ended the run (no verdict). Attached to a server (``--url``), the faults
+are spread out to fit its ``--max-restarts`` in ``--restart-window``; a schedule
+that would still restart its actors past it is refused before it starts
+(rt/chaos/attach.py).
 """
 
 from __future__ import annotations

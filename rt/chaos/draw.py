@@ -67,7 +67,7 @@ def draw_schedule(seed: int, config: ScheduleConfig) -> Schedule:
                 stop_s = round(rng.uniform(0.2, 0.5 * config.watchdog_s), 2)
             elif phase == "backlog" and kind != "sigstop":  # its reader's stop before it
                 stop_s = round(rng.uniform(*config.backlog_s), 3)
-            wait_s = round(rng.uniform(0.3, 2.0), 2)
+            wait_s = round(rng.uniform(0.3, 2.0) + max(0.0, config.min_wait_s - 0.3), 2)
             faults.append(Fault(i, kind, actor, "signal", phase, wait_s=wait_s, stop_s=stop_s))
             continue
         if kind == "sigstop":

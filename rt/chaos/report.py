@@ -33,8 +33,10 @@ def summary(outcome: Outcome) -> dict[str, Any]:
     states = Counter(r.state for r in requests)
     hostile = Counter(r.state for r in requests if r.spec.get("hostile"))
     restarts: dict[str, int] = {}
+    before: dict[str, int] = {}  # (an attached server's actors may have restarted before)
     for e in ledger.of_kind("actor"):
-        restarts[e["name"]] = e["restarts"]
+        before.setdefault(e["name"], e["restarts"])
+        restarts[e["name"]] = e["restarts"] - before[e["name"]]
     fired = ledger.of_kind("fault")
     by = figures.summarize(outcome.faults)
     failed = verdict.checkers()

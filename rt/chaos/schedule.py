@@ -201,6 +201,9 @@ class ScheduleConfig:
     # request's life, when requests go one at a time)
     sweep: int = 0
     sweep_actors: tuple[str, ...] = ("tokenizer0", "scheduler", "detokenizer")
+    # signal faults fire at least this long after the one before (0.3 to 2 s drawn; more
+    # to fit an attached server's restart budget: rt.chaos.attach.spaced)
+    min_wait_s: float = 0.3
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(KINDS)

@@ -61,6 +61,15 @@ def test_a_passing_report() -> None:
     json.dumps(data)
 
 
+def test_restarts_are_the_runs_own_on_a_server_whose_actors_restarted_before() -> None:
+    """An attached server's counts are since its start: a second run reported the
+    first run's restarts as its own."""
+    earlier = outcome([])
+    earlier.ledger = Ledger.of([{**e, "restarts": e["restarts"] + 4} if e["ev"] == "actor" else e
+                                for e in EVENTS])  # fmt: skip
+    assert summary(earlier)["restarts"] == {"scheduler": 1}
+
+
 def test_requests_failed_under_a_fault_are_blamed_on_its_kind_and_actor() -> None:
     failed = outcome([])
     failed.ledger = Ledger.of(
