@@ -121,13 +121,13 @@ class Client:
             ids.setdefault(delta.index, []).extend(delta.output_ids)
         meta = stream.meta_info or {}
         metas = stream.meta_infos or []
-        outs = [
+        outs = [  # (each sequence the done frame tells of: aborted, some have no delta)
             {
-                "text": "".join(texts[i]),
-                "output_ids": ids[i],
+                "text": "".join(texts.get(i, ())),
+                "output_ids": ids.get(i, []),
                 "meta_info": metas[i] if i < len(metas) else meta,
             }
-            for i in sorted(texts)
+            for i in sorted(set(texts) | set(range(len(metas))))
         ]
         if len(outs) > 1:
             return outs
@@ -147,7 +147,10 @@ class Client:
         if self._failure is not None:
             raise type(self._failure)(str(self._failure))
         fid = str(next(self._ids))  # the frame id, not the body's rid
-        message = _encode({**body, "id": fid, "type": "generate"})  # refused: nothing sent
+        # the id first: a frame the server cannot parse whole (over its size limit) is
+        # refused for the id it begins with (else for none: the request waited for good)
+        fields = {k: v for k, v in body.items() if k not in ("id", "type")}
+        message = _encode({"id": fid, "type": "generate", **fields})  # refused: nothing sent
         send, receive = trio.open_memory_channel[Frame | errors.RtError](math.inf)
         self._pending[fid] = send
         self._outbox_send.send_nowait(message)
@@ -180,10 +183,16 @@ class Client:
             reason = err.reason
             said = f"code {reason.code} ({reason.name}) {reason.reason or ''}" if reason else ""
             if reason is not None and reason.code == 1009 and self._failure is None:
-                said += (
-                    f" (a frame from the server was over this client's max_message_size, "
-                    f"{max_message_size} bytes: connect with a larger one)"
-                )
+                if (reason.reason or "").startswith("Exceeded maximum message size"):  # ours
+                    said += (
+                        f" (a frame from the server was over this client's max_message_size, "
+                        f"{max_message_size} bytes: connect with a larger one)"
+                    )
+                else:  # the server's
+                    said += (
+                        " (the server closed it: a frame sent was over its limit, its "
+                        "--max-body-size and a little more)"
+                    )
             self._fail(
                 errors.Broken(
                     f"the WebSocket connection to {self.url} closed: {said.strip()}; "

@@ -21,6 +21,7 @@ import functools
 import gc
 import json
 import logging
+import sys
 import typing
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal, TypeVar
@@ -332,6 +333,9 @@ def loads(data: bytes | str) -> Any:
     except RecursionError:
         raise HTTPError(400, "the body nests lists or objects too deeply") from None
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        if "int_max_str_digits" in str(err):  # (its advice is for Python code: not the client's)
+            limit = sys.get_int_max_str_digits()
+            raise HTTPError(400, f"the body has an integer of more than {limit} digits") from None
         raise HTTPError(400, f"the body is not valid JSON: {err}") from None
 
 

@@ -198,3 +198,12 @@ def test_a_clients_field_name_is_shown_escaped_and_cut(caplog: pytest.LogCapture
         parse(CompletionRequest, {"prompt": "p", long: 1})
     assert refused.value.status == 400
     assert "unknown field" in str(refused.value) and len(str(refused.value)) < 300
+
+
+def test_an_integer_too_long_to_read_is_named_without_pythons_advice() -> None:
+    """A 5,000-digit number's 400 advised sys.set_int_max_str_digits() (Python's
+    words, for Python code), as an id on /ws and in any body."""
+    with pytest.raises(HTTPError) as err:
+        loads('{"id": ' + "9" * 5000 + "}")
+    assert err.value.status == 400
+    assert err.value.message == "the body has an integer of more than 4300 digits"

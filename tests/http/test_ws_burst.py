@@ -67,9 +67,9 @@ async def test_a_reading_client_that_bursts_gets_every_refusal_and_every_done(
         assert {f["status"] for f in refused} == {429}, refused[:3]
         assert len(done) >= LIMIT and len(refused) > OUT_QUEUE, (len(done), len(refused))
         assert all(f["meta_info"]["completion_tokens"] == TOKENS for f in done)
-        # refusals alone (nothing in flight): 404s for ids unknown
-        cancels = [json.dumps({"id": f"nope{i}", "type": "cancel"}) for i in range(count)]
-        ends = await ends_of(ws, cancels)
-        assert len(ends) == count and {f["status"] for f in ends.values()} == {404}
+        # refusals alone (nothing in flight): 400s for a type unknown
+        bad = [json.dumps({"id": f"nope{i}", "type": "sing"}) for i in range(count)]
+        ends = await ends_of(ws, bad)
+        assert len(ends) == count and {f["status"] for f in ends.values()} == {400}
         ends = await ends_of(ws, [generate("after", 2)])  # the connection is still open
         assert ends["after"]["type"] == "done", ends

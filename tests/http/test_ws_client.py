@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
+import httpx
 import pytest
 import trio
 from serverlib import SLOW_STEPS, Server, running_server, write_plan
 
 from rt import errors
-from rt.client import connect
+from rt.client import RemoteError, connect
 
 LONG = {"max_new_tokens": 400, "ignore_eos": True}  # 20 ms a step: 8 s
 
@@ -61,6 +63,49 @@ async def test_a_frame_over_max_message_size_says_which_limit_to_raise(
     async with connect(default_server.url, max_message_size=2048) as client:
         with pytest.raises(errors.Broken, match=r"1009.*over this client's max_message_size"):
             await client.generate("big frame", sampling_params=params, **body)
+
+
+async def test_what_the_server_refuses_or_cuts_short_ends_the_call() -> None:
+    """A frame over the server's --max-body-size was refused for no id: the call
+    waited for good. One past the server's own frame limit closes the connection
+    (1009), which said to raise this client's limit. With n=2 aborted before a
+    token, the answer was one dict, not a list of two."""
+    with running_server("--load-format=null", "--max-body-size=100000") as server:
+        async with connect(server.url) as client:
+            with trio.fail_after(30), pytest.raises(RemoteError, match=r"^413: ") as err:
+                await client.generate("x" * 150_000)
+            assert err.value.frame["id"] is not None
+            out = await client.generate("after", sampling_params={"max_new_tokens": 2})
+            assert len(out["output_ids"]) == 2  # the connection goes on
+            async with trio.open_nursery() as nursery:
+                client_pause(server)
+                got: list[Any] = []
+
+                async def call() -> None:
+                    params = {"max_new_tokens": 8, "n": 2}
+                    got.append(await client.generate("held", sampling_params=params, rid="held"))
+
+                nursery.start_soon(call)
+                with trio.fail_after(30):
+                    while not server.info()["requests_in_flight"]:
+                        await trio.sleep(0.02)
+                abort = httpx.post(f"{server.url}/abort_request", json={"rid": "held"}, timeout=30)
+                assert abort.json() == {"aborted": 1}
+            httpx.post(f"{server.url}/continue_generation", timeout=30).raise_for_status()
+            (answer,) = got
+            assert isinstance(answer, list) and len(answer) == 2, answer
+            assert [a["output_ids"] for a in answer] == [[], []]
+            assert {a["meta_info"]["finish_reason"]["type"] for a in answer} == {"abort"}
+        async with connect(server.url) as client:
+            with trio.fail_after(30), pytest.raises(errors.Broken) as broken:
+                await client.generate("x" * 1_200_000)  # (past the limit's slack of 1 MiB)
+            assert "the server closed it: a frame sent was over its limit" in str(broken.value)
+            assert "max_message_size" not in str(broken.value)
+
+
+def client_pause(server: Server) -> None:
+    answer = httpx.post(f"{server.url}/pause_generation", json={"mode": "in_place"}, timeout=30)
+    answer.raise_for_status()
 
 
 async def test_a_stream_left_from_its_async_with_is_cancelled_at_once(
