@@ -202,7 +202,8 @@ ENGINE_FLAGS = (
         "--max-crashes-per-request",
         "max_crashes_per_request",
         int,
-        "scheduler crashes a request may be in flight for before it fails alone",
+        "crashes of one actor (the scheduler, or a tokenizer worker) a request may be in "
+        "flight for before it fails alone",
     ),
     Flag(
         "--restart-wait-timeout",

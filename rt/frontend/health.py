@@ -61,3 +61,9 @@ def _seen_down(actor: ActorStatus) -> str | None:
     if actor.state is not ActorState.RUNNING or actor.pid is None:
         return None
     return seen_down(actor.pid)
+
+
+def state_of(actor: ActorStatus) -> str:
+    """``actor``'s state as /server_info tells it: its supervisor's, or the kernel's
+    word when that is newer ("stopped" from a SIGSTOP on; it said "running")."""
+    return _seen_down(actor) or actor.state.value

@@ -17,6 +17,7 @@ import trio
 import rt
 from rt import errors
 from rt.actors.affinity import format_cpu_list
+from rt.frontend.health import state_of
 from rt.http.asgi import Exchange, HTTPError
 from rt.http.front import Front, http_error
 from rt.http.generation import Job, run
@@ -116,7 +117,7 @@ async def server_info(front: Front, ex: Exchange) -> None:
                 {
                     "name": a.name,
                     "pid": a.pid,
-                    "state": a.state.value,
+                    "state": state_of(a),
                     "incarnation": a.incarnation,
                     "restart_count": a.restart_count,
                     "last_exit_reason": a.last_exit_reason,

@@ -10,6 +10,7 @@ and hypercorn lets them go), so a stop ends within its drain and this grace.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -121,6 +122,7 @@ async def serve(
             nursery.start_soon(front.watch_scheduler)
             binds = await nursery.start(run_hypercorn)
             port = int(binds[0].rsplit(":", 1)[1])
+            front.settings = dataclasses.replace(front.settings, port=port)  # (--port 0's)
             nursery.start_soon(_cut_when_stuck, done, sends, port)
             nursery.start_soon(sends.run, port)
             log.info(

@@ -84,10 +84,12 @@ async def test_health_is_503_while_an_actor_is_stopped_long_before_the_watchdog(
                     if r.status_code == 503:
                         break
                     await trio.sleep(0.1)
+            stopped = {a["name"]: a["state"] for a in default_server.info()["actors"]}
         finally:
             os.kill(pid, signal.SIGCONT)
         assert len(answers) == 1, answers  # the first probe
         assert "tokenizer0 is stopped" in answers[0][2], answers
+        assert stopped["tokenizer0"] == "stopped", stopped  # /server_info too (it said running)
         with trio.fail_after(10):
             while (await client.get("/health")).status_code != 200:
                 await trio.sleep(0.1)
@@ -115,6 +117,7 @@ def test_server_info(default_server: Server) -> None:
     assert info["model"]["context_length"] == 512
     assert info["config"]["max_running_requests"] > 0
     assert {a["name"] for a in info["actors"]} == {"tokenizer0", "scheduler", "detokenizer"}
+    assert info["server"]["port"] == default_server.port  # (started with --port 0: it said 0)
     for actor in info["actors"]:
         assert actor["state"] == "running"
         assert actor["pid"] > 0
