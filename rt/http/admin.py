@@ -23,7 +23,13 @@ from rt.http.front import Front, http_error
 from rt.http.generation import Job, run
 from rt.http.metrics import CONTENT_TYPE
 from rt.http.openai_api import served_name
-from rt.http.schemas import AbortRequest, PauseRequest, parse
+from rt.http.schemas import (
+    AbortRequest,
+    ContinueRequest,
+    FlushCacheRequest,
+    PauseRequest,
+    parse,
+)
 
 PAUSED = "generation is paused (POST /continue_generation resumes it)"
 
@@ -197,7 +203,9 @@ async def abort_request(front: Front, ex: Exchange, body: bytes) -> None:
     await ex.json({"aborted": front.abort(req.rid)})
 
 
-async def flush_cache(front: Front, ex: Exchange) -> None:
+async def flush_cache(front: Front, ex: Exchange, body: bytes = b"") -> None:
+    if body.strip():  # (a body is optional, but one that is sent is read: a typo is a 400)
+        parse(FlushCacheRequest, body)
     try:
         flushed = await front.engine.flush_cache()
     except errors.RtError as err:
@@ -225,7 +233,9 @@ async def pause_generation(front: Front, ex: Exchange, body: bytes) -> None:
     await ex.json(answer)
 
 
-async def continue_generation(front: Front, ex: Exchange) -> None:
+async def continue_generation(front: Front, ex: Exchange, body: bytes = b"") -> None:
+    if body.strip():
+        parse(ContinueRequest, body)
     try:
         await front.engine.continue_generation()
     except errors.RtError as err:

@@ -77,7 +77,9 @@ ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/model_info"): Route(admin.model_info, "Alias of /get_model_info (SGLang)"),
     ("GET", "/metrics"): Route(admin.metrics, "Prometheus metrics"),
     ("POST", "/abort_request"): Route(admin.abort_request, "Abort by rid", body=True),
-    ("POST", "/flush_cache"): Route(admin.flush_cache, "Flush the prefix cache"),
+    ("POST", "/flush_cache"): Route(
+        admin.flush_cache, "Flush the prefix cache", body=True, limit=CONTROL_BODY_LIMIT
+    ),
     ("GET", "/flush_cache"): Route(
         admin.flush_cache, "Flush the prefix cache (SGLang's GET)", safe=False
     ),
@@ -87,7 +89,9 @@ ROUTES: dict[tuple[str, str], Route] = {
         body=True,
         limit=CONTROL_BODY_LIMIT,
     ),
-    ("POST", "/continue_generation"): Route(admin.continue_generation, "Resume scheduling"),
+    ("POST", "/continue_generation"): Route(
+        admin.continue_generation, "Resume scheduling", body=True, limit=CONTROL_BODY_LIMIT
+    ),
 }
 
 

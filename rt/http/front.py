@@ -61,12 +61,16 @@ class Tracked:
         its place in the table, not in the engine)."""
         return self.stream is None or not self.stream.ended
 
-    def abort(self, cause: str) -> None:
-        if self.abort_cause is None:
+    def abort(self, cause: str) -> bool:
+        """Abort it; whether it was not aborted already (one unwinding, its client
+        slow to take the end, was counted again by every later abort)."""
+        first = self.abort_cause is None
+        if first:
             self.abort_cause = cause
         self.scope.cancel()
         if self.stream is not None:  # the engine stops now: its reader may be held in a
             self.stream.close()  # write to a client that stopped reading (shielded)
+        return first
 
     def on_delta(self, delta: Delta) -> None:
         tokens = len(delta.output_ids)
@@ -265,24 +269,20 @@ class Front:
         are aborted (the batch ran on). Returns how many."""
         found = [t for r, t in self.in_flight.items() if r == rid or t.batch == rid]
         waiting = [w for r, w in self._pending.items() if r == rid or w.batch == rid]
-        for each in found:
-            each.abort("abort_request")
-        for one in waiting:  # (ended as they start)
-            one.aborted = one.aborted or "abort_request"
         if not found and not waiting:  # the Python API's, on a served engine
             return self._abort_others({rid}, "abort_request")
-        return len(found) + len(waiting)
+        return sum(each.abort("abort_request") for each in found) + sum(
+            _abort_waiting(one, "abort_request")
+            for one in waiting  # (ended as they start)
+        )
 
     def abort_all(self, cause: str = "abort_request") -> int:
         """Abort every request in flight: the HTTP ones, their prompts still waiting
         for their turn, and those of the engine's other callers (the Python API's,
         on a server made by ``rt.http.serve(engine)``). Returns how many."""
-        for tracked in list(self.in_flight.values()):
-            tracked.abort(cause)
-        for waiting in self._pending.values():
-            waiting.aborted = waiting.aborted or cause
-        others = self._abort_others(self.engine.rids - self.in_flight.keys(), cause)
-        return len(self.in_flight) + len(self._pending) + others
+        aborted = sum(tracked.abort(cause) for tracked in list(self.in_flight.values()))
+        aborted += sum(_abort_waiting(waiting, cause) for waiting in self._pending.values())
+        return aborted + self._abort_others(self.engine.rids - self.in_flight.keys(), cause)
 
     def _abort_others(self, rids: set[str], cause: str) -> int:
         """Abort the engine's requests of ``rids`` that no HTTP request tracks (the
@@ -382,3 +382,10 @@ def _eos_ids(model_path: str) -> frozenset[int]:
         return frozenset(read_model_dir(model_path).eos_token_ids)
     except errors.RtError:  # (the engine that read it first said why, if it could not)
         return frozenset()
+
+
+def _abort_waiting(waiting: Waiting, cause: str) -> bool:
+    """Abort a prompt still waiting for its turn; whether it was not aborted already."""
+    first = waiting.aborted is None
+    waiting.aborted = waiting.aborted or cause
+    return first

@@ -251,8 +251,23 @@ class AbortRequest(BaseModel):
     """``POST /abort_request``: one rid, or every request."""
 
     model_config = STRICT
-    rid: str = ""
+    rid: str | None = ""
     abort_all: bool | None = None
+
+
+class FlushCacheRequest(BaseModel):
+    """``POST /flush_cache``'s body, if it has one: as SGLang's, no field."""
+
+    model_config = STRICT
+
+
+class ContinueRequest(BaseModel):
+    """``POST /continue_generation``'s body, if it has one. SGLang's
+    ``torch_empty_cache`` (give the allocator's cached blocks back before going
+    on) asks for nothing here: rt's KV pool and buffers are allocated once."""
+
+    model_config = STRICT
+    torch_empty_cache: bool = True
 
 
 class PauseRequest(BaseModel):
@@ -311,6 +326,8 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/tokenize": TokenizeRequest,
     "/v1/detokenize": DetokenizeRequest,
     "/pause_generation": PauseRequest,  # (optional: none is mode abort)
+    "/flush_cache": FlushCacheRequest,  # (optional)
+    "/continue_generation": ContinueRequest,  # (optional)
 }
 M = TypeVar("M", bound=BaseModel)
 MAX_ITEMS = 1 << 16  # a list of texts, lists or objects (a batch, messages), at most

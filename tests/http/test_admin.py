@@ -616,3 +616,20 @@ async def test_a_request_aborted_while_paused_counts_its_prompt(default_server: 
         (0, "abort", []),
         (1, "abort", []),
     ], chunks
+
+
+async def test_a_controls_body_is_read_when_it_has_one(default_server: Server) -> None:
+    """/continue_generation and /flush_cache answered 200 to any body (invalid JSON,
+    a field unknown), where the other controls name what is wrong; an abort_all
+    with rid null was refused as a rid that is no string."""
+    async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
+        for path in ("/continue_generation", "/flush_cache"):
+            for body, says in ((b"\xff", "not valid JSON"), (b'{"x": 1}', "x"), (b"[]", "object")):
+                answer = await client.post(path, content=body)
+                assert answer.status_code == 400 and says in answer.text, (path, body, answer.text)
+            assert (await client.post(path, content=b"{}")).status_code == 200, path
+            assert (await client.post(path)).status_code == 200, path  # (no body: as before)
+        answer = await client.post("/continue_generation", json={"torch_empty_cache": False})
+        assert answer.status_code == 200, answer.text  # SGLang's field: asks nothing here
+        answer = await client.post("/abort_request", json={"rid": None, "abort_all": True})
+        assert answer.status_code == 200 and answer.json() == {"aborted": 0}, answer.text
