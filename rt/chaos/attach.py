@@ -23,6 +23,7 @@ from typing import Any
 from rt.chaos.schedule import Schedule, ScheduleConfig
 
 SPACING_MARGIN = 1.1  # faults a little further apart than the budget allows at its fullest
+RESTART_AFTER_STOP_S = 5.0  # past the watchdog's timeout: a stopped actor's restart is due
 MEAN_EXTRA_WAIT_S = 0.85 + 1.0  # the drawn part of a fault's wait, and its phase's (roughly)
 
 
@@ -38,6 +39,7 @@ class Served:
     load_format: str
     max_restarts: int
     restart_window: float
+    watchdog_timeout: float = 30.0  # (a stop left to it restarts its actor this much later)
 
 
 async def served(url: str) -> Served:
@@ -63,20 +65,25 @@ def of_info(info: dict[str, Any]) -> Served:
         str(config.get("load_format", "auto")),
         int(config["max_restarts"]),
         float(config["restart_window"]),
+        float(config.get("watchdog_timeout", 30.0)),
     )
 
 
-def restarts_at_once(schedule: Schedule, window: float) -> int:
+def restarts_at_once(schedule: Schedule, window: float, stop_restart_s: float = 0.0) -> int:
     """The most actor restarts the schedule's signal faults could cause within one
-    ``window`` of seconds: each kill restarts its actor, so does a stop left to the
-    watchdog; a fault fires ``wait_s`` after the one before it at the soonest."""
+    ``window`` of seconds: each kill restarts its actor at once; a stop left to the
+    watchdog does ``stop_restart_s`` later. A fault fires ``wait_s`` after the one
+    before it at the soonest."""
     at, times = 0.0, []
     for fault in schedule.faults:
         if fault.via != "signal":
             continue
         at += fault.wait_s
-        if fault.kind != "sigstop" or fault.stop_s is None:
+        if fault.kind != "sigstop":
             times.append(at)
+        elif fault.stop_s is None:
+            times.append(at + stop_restart_s)
+    times.sort()
     return max(
         (sum(1 for t in times[i:] if t - start < window) for i, start in enumerate(times)),
         default=0,
@@ -91,19 +98,25 @@ def spaced(config: ScheduleConfig, server: Served, duration: float | None = None
     restarts at once) is left out when the faults must be spread out."""
     if server.max_restarts <= 0:  # (nothing fits: refused as before)
         return config
-    gap = SPACING_MARGIN * server.restart_window / server.max_restarts
+    slots = max(1, server.max_restarts - 1)  # (one spare: a restart of rt's own is no fault)
+    gap = SPACING_MARGIN * server.restart_window / slots
     if gap <= config.min_wait_s:
         return config
     phases = tuple(p for p in config.phases if p != "restart") or config.phases
     faults = config.faults
     if duration is not None:  # (a count of requests goes on until the faults fired)
         faults = min(faults, max(1, int(duration // (gap + MEAN_EXTRA_WAIT_S))))
-    return replace(config, min_wait_s=gap, phases=phases, faults=faults)
+    # a stop left to the watchdog restarts its actor a watchdog later: the next fault
+    # waits that much more, so that the restarts, not only the faults, are spread
+    stop_restart_s = server.watchdog_timeout + RESTART_AFTER_STOP_S
+    return replace(
+        config, min_wait_s=gap, phases=phases, faults=faults, stop_restart_s=stop_restart_s
+    )
 
 
 def check_restart_limit(schedule: Schedule, server: Served) -> None:
     """Refuse a schedule that would restart the server's actors past its limit."""
-    need = restarts_at_once(schedule, server.restart_window)
+    need = restarts_at_once(schedule, server.restart_window, server.watchdog_timeout)
     if need > server.max_restarts:
         raise AttachError(
             f"this schedule may restart actors {need} times within {server.restart_window:g} s, "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rt.chaos import figures
-from rt.chaos.attach import check_restart_limit, served, spaced
+from rt.chaos.attach import Served, check_restart_limit, served, spaced
 from rt.chaos.draw import draw_schedule
 from rt.chaos.ledger import Ledger
 from rt.chaos.reference import Replayer
@@ -71,6 +71,19 @@ def model_path(run: RunConfig) -> str:
     return str(default_model_path())
 
 
+def fitted_to(config: CampaignConfig, server: Served) -> CampaignConfig:
+    """``config`` for a run attached to ``server``: judged by its watchdog, not
+    rt-chaos's ``--watchdog-timeout`` (which decides when a stop's restart must be
+    explained by a fault, and how long a backlog's reader may stay stopped: 4 s
+    found a stop its 30 s watchdog restarted "an exit with no fault to explain
+    it"), and, when drawn, spread out to fit its restart limit (:func:`spaced`)."""
+    engine = {**config.run.engine, "watchdog_timeout": server.watchdog_timeout}
+    config = replace(config, run=replace(config.run, engine=engine))
+    if config.plan is None:
+        config = replace(config, schedule=spaced(config.schedule, server, config.run.duration))
+    return config
+
+
 async def campaign(
     config: CampaignConfig, say: Callable[[str], None] = lambda _: None, judge: Judge | None = None
 ) -> Outcome:
@@ -79,15 +92,16 @@ async def campaign(
         # a server started by someone else: what it serves, and how, decides how its
         # outputs are judged; its restart limit, how far apart the faults must be
         server = await served(config.run.url)
-        fitted = spaced(config.schedule, server, config.run.duration)
-        if fitted != config.schedule and config.plan is None:
+        fitted = fitted_to(config, server)
+        if fitted.schedule != config.schedule:
             say(
                 f"the server gives up past {server.max_restarts} restarts in "
-                f"{server.restart_window:g} s: {fitted.faults} signal fault(s) at least "
-                f"{fitted.min_wait_s:.1f} s apart, none in the restart phase (its "
-                "--max-restarts allows denser faults)"
+                f"{server.restart_window:g} s: {fitted.schedule.faults} signal fault(s) at "
+                f"least {fitted.schedule.min_wait_s:.1f} s apart, none in the restart phase "
+                "(its --max-restarts allows denser faults; a --replay against it with other "
+                "limits draws another schedule)"
             )
-            config = replace(config, schedule=fitted)
+        config = fitted
     full = config.plan or draw_schedule(config.run.seed, config.schedule)
     # The requests never change with the faults kept: poison texts are sent either way.
     run = replace(

@@ -43,6 +43,7 @@ def draw_schedule(seed: int, config: ScheduleConfig) -> Schedule:
     crashes: Counter[str] = Counter()  # plan crashes per actor so far: the next one's incarnation
     faults: list[Fault] = []
     shutdown_drawn = False
+    after_stop = 0.0  # the next signal fault's wait past a stop left to the watchdog
     for i in range(config.faults):
         kind, actor = next(kinds), next(actors)
         if kind == "oom":
@@ -67,7 +68,9 @@ def draw_schedule(seed: int, config: ScheduleConfig) -> Schedule:
                 stop_s = round(rng.uniform(0.2, 0.5 * config.watchdog_s), 2)
             elif phase == "backlog" and kind != "sigstop":  # its reader's stop before it
                 stop_s = round(rng.uniform(*config.backlog_s), 3)
-            wait_s = round(rng.uniform(0.3, 2.0) + max(0.0, config.min_wait_s - 0.3), 2)
+            wait_s = rng.uniform(0.3, 2.0) + max(0.0, config.min_wait_s - 0.3) + after_stop
+            wait_s = round(wait_s, 2)
+            after_stop = config.stop_restart_s if kind == "sigstop" and stop_s is None else 0.0
             faults.append(Fault(i, kind, actor, "signal", phase, wait_s=wait_s, stop_s=stop_s))
             continue
         if kind == "sigstop":

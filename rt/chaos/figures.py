@@ -82,7 +82,9 @@ def per_fault(ledger: Ledger) -> list[FaultFigures]:
         t, name = fault["t"], fault["actor"]
         inc = max((e["incarnation"] for e in actors if e["name"] == name and e["t"] < t), default=1)
         mine = [e for e in actors if e["name"] == name and e["t"] >= t - 0.001]
-        down = next((e for e in mine if e["state"] != "running"), None)
+        # (down: not one suspended by SIGSTOP, which /server_info tells at once: a stop's
+        # detection is its restart's, the watchdog's)
+        down = next((e for e in mine if e["state"] not in ("running", "suspended")), None)
         if down is not None and fault.get("crash", True):
             seen = down.get("exit_at", down["t"])
             fig.detect_s = max(seen - t, 0.0)

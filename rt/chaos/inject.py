@@ -95,7 +95,8 @@ class Injector:
 
     async def _at_restart(self, fault: Fault) -> None:
         def down(m: Monitor) -> bool:
-            return any(a.state != "running" for a in m.actors.values())
+            # (restarting; not a suspended one: SIGSTOP, which a restart may follow)
+            return any(a.state not in ("running", "suspended") for a in m.actors.values())
 
         with trio.move_on_after(PHASE_WAIT_S):
             await self.monitor.wait_for(down)

@@ -76,7 +76,7 @@ class Monitor:
                 event: dict[str, Any] = {"name": a.name, "state": a.state, "incarnation": a.incarnation,
                          "pid": a.pid, "restarts": a.restarts, "reason": a.reason}  # fmt: skip
                 # an exiting actor has not exited yet: its last exit time is the one before
-                if a.state not in ("running", "exiting") and a.exit_at is not None:
+                if a.state not in ("running", "exiting", "suspended") and a.exit_at is not None:
                     event["exit_at"] = round(self.ledger.at(a.exit_at), 6)
                 self.ledger.write("actor", **event)
                 changed = True

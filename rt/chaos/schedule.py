@@ -204,6 +204,9 @@ class ScheduleConfig:
     # signal faults fire at least this long after the one before (0.3 to 2 s drawn; more
     # to fit an attached server's restart budget: rt.chaos.attach.spaced)
     min_wait_s: float = 0.3
+    # a stop left to the watchdog: the next signal fault waits this much more (its
+    # actor's restart comes a watchdog later; 0: not spread, as drawn)
+    stop_restart_s: float = 0.0
 
     def __post_init__(self) -> None:
         unknown = set(self.kinds) - set(KINDS)

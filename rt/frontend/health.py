@@ -9,6 +9,8 @@ from rt.actors import ActorState
 from rt.actors.status import SILENT_AFTER_S, ActorStatus, seen_down
 from rt.frontend.wiring import SCHEDULER
 
+SUSPENDED = "suspended"  # /server_info's state of an actor stopped by a signal (SIGSTOP)
+
 
 def unhealthy(engine: Any) -> str | None:
     """Why a request ``engine`` takes could not complete now, or None: it stops, it
@@ -65,5 +67,10 @@ def _seen_down(actor: ActorStatus) -> str | None:
 
 def state_of(actor: ActorStatus) -> str:
     """``actor``'s state as /server_info tells it: its supervisor's, or the kernel's
-    word when that is newer ("stopped" from a SIGSTOP on; it said "running")."""
-    return _seen_down(actor) or actor.state.value
+    when that is newer: "suspended" from a SIGSTOP on (it said "running"; not
+    "stopped", the supervisor's word for an actor it will not start again), or
+    "exiting" once a SIGKILL is pending."""
+    seen = _seen_down(actor)
+    if seen == "stopped":
+        return SUSPENDED
+    return seen or actor.state.value

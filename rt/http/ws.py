@@ -64,7 +64,10 @@ log = logging.getLogger(__name__)
 
 OUT_QUEUE = 256  # frames waiting for the writer
 # the id a frame begins with: {"id": "a1", ... or {"id": 7, ...
-HEAD_ID = re.compile(r'\A\s*\{\s*"id"\s*:\s*(-?\d{1,19}|"(?:[^"\\\x00-\x1f]|\\.){0,6144}")\s*[,}]')
+_WS = r"[ \t\n\r]*"  # JSON's whitespace (not \s: Unicode's is no JSON)
+HEAD_ID = re.compile(
+    rf'\A{_WS}\{{{_WS}"id"{_WS}:{_WS}(-?\d{{1,19}}|"(?:[^"\\\x00-\x1f]|\\.){{0,6144}}"){_WS}[,}}]'
+)
 UNREAD_S = 10.0  # the writer in one send this long, a refusal waiting: the client does not read
 GOING = "the server is shutting down"
 UNREAD = f"the client left frames unread for {UNREAD_S:g} s and sent more"
@@ -155,7 +158,7 @@ class Connection:
             size = len(data.encode("utf-8", "surrogatepass"))  # a character may be 4 bytes
         if size > self.front.settings.max_body_size:
             await self._answer(
-                head_id(data),
+                self._refused_id(data),
                 HTTPError(
                     413,
                     f"the frame has {size} bytes; at most {self.front.settings.max_body_size} are accepted",
@@ -166,7 +169,7 @@ class Connection:
             async with self.front.turn(size):
                 obj = loads(data)
         except HTTPError as err:
-            await self._answer(head_id(data), err)
+            await self._answer(self._refused_id(data), err)
             return
         if not isinstance(obj, dict):
             kind = "a list" if isinstance(obj, list) else type(obj).__name__
@@ -238,13 +241,20 @@ class Connection:
         """With ``limit`` requests in flight, wait for those cancelled to end (their
         aborts take milliseconds): a client that cancelled one to make room and sent
         a new one at once was refused (429) a third of the time. Bounded as
-        :meth:`_after_cancelled` is."""
-        for running in list(self.in_flight.values()):
-            if len(self.in_flight) < limit:
-                return
-            if running.scope.cancel_called:
-                with trio.move_on_after(UNREAD_S):
+        :meth:`_after_cancelled` is, once for all of them."""
+        with trio.move_on_after(UNREAD_S):
+            for running in list(self.in_flight.values()):
+                if len(self.in_flight) < limit:
+                    return
+                if running.scope.cancel_called:
                     await running.ended.wait()
+
+    def _refused_id(self, data: str | bytes) -> str | int | None:
+        """The id to refuse a frame that cannot be parsed whole for: the one it begins
+        with, unless a request is in flight under it (the error would say that one
+        ended, and it goes on)."""
+        cid = head_id(data)
+        return None if cid in self.in_flight else cid
 
     async def _after_cancelled(self, cid: str | int, rid: Any) -> None:
         """A ``generate`` that reuses the id, or the rid, of a request this connection

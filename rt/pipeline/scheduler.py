@@ -123,7 +123,8 @@ class StepPlacement:
 class GenThroughput:
     """SGLang's ``last_gen_throughput``: the tokens decode steps made a second, over
     the last GEN_WINDOW_STEPS of them (its decode log's interval), or fewer when the
-    scheduler went idle first. Time between steps counts; idle time does not."""
+    scheduler went idle or paused first. Time between steps counts; idle or paused
+    time does not."""
 
     def __init__(self) -> None:
         self.last = 0.0  # tokens/s of the last closed window (0.0 before the first)
@@ -323,6 +324,7 @@ class SchedulerActor(Actor):
     async def _paused(self, ctx: ActorContext) -> None:
         """Generation is paused: no forward pass runs, but aborts and finishes
         still end their requests (and free their KV), and refusals still go out."""
+        self.throughput.close()  # (a pause is no decode time)
         if self.engine.has_commands or self.engine.has_pending or self.refused:
             # cheap: reports the last step's tokens, frees KV, runs no model
             out = self.engine.apply_commands()

@@ -88,3 +88,19 @@ def test_requests_a_fault_failed_are_counted_per_kind_and_actor() -> None:
     assert by["kind"]["sigkill"].failed == {"failed-retryable: Broken: gone": 1}
     assert by["actor"]["detokenizer"].failed == {"failed-retryable: Broken: gone": 1}
     assert not by["actor"]["scheduler"].failed
+
+
+def test_a_stop_is_detected_by_its_restart_not_by_its_suspension() -> None:
+    """An attached server's /server_info says "suspended" from a SIGSTOP on: the
+    stop's detection is still the watchdog's restart (it read 0.05 s)."""
+    events = [
+        {"ev": "actor", "t": 0.0, "name": "detokenizer", "state": "running", "incarnation": 1},
+        {"ev": "fault", "t": 10.0, "kind": "sigstop", "actor": "detokenizer", "crash": True},
+        {"ev": "actor", "t": 10.05, "name": "detokenizer", "state": "suspended",
+         "incarnation": 1},
+        {"ev": "actor", "t": 42.5, "name": "detokenizer", "state": "restarting",
+         "incarnation": 1, "exit_at": 42.4},
+        {"ev": "actor", "t": 43.0, "name": "detokenizer", "state": "running", "incarnation": 2},
+    ]  # fmt: skip
+    (stop,) = figures.per_fault(Ledger.of(events))
+    assert stop.detect_s == pytest.approx(32.4) and stop.back_s == pytest.approx(33.0)

@@ -144,6 +144,8 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
             (json.dumps({"id": "f", "type": "generate", "text": "x", "bogus": 1}), "f", "bogus"),
             # not JSON, but its id can be read: its refusal ends that id's request
             ('{"id": "z", "type": "generate", "text": "x",}', "z", "JSON"),
+            # unless a request is in flight under it: that one goes on (refused for none)
+            ('{"id": "long", "type": "generate", "text": "x",}', None, "JSON"),
             (
                 json.dumps({"id": "long", "type": "generate", "text": "x"}),
                 "long",
@@ -185,7 +187,8 @@ async def test_bad_frames_get_error_frames_and_the_connection_lives(default_serv
                 long_done = frame
         assert long_done["id"] == "long"
         assert long_done["meta_info"]["finish_reason"]["type"] == "length"
-        # the refusal of a second "long" is a 409: it does not end the "long" in flight
+        # the refusal of a second "long" is a 409: it does not end the "long" in flight;
+        # one that is no JSON is refused for no id
         assert [e["status"] for e in errors if e["id"] == "long"] == [409]
         by_id: dict[Any, list[dict[str, Any]]] = {}
         for e in errors:
