@@ -35,7 +35,7 @@ def unhealthy(engine: Any) -> str | None:
         )
     seen = [(a.name, how) for a in status.every_actor() if (how := _seen_down(a))]
     if seen:  # killed or stopped, not seen by the supervisor yet (see seen_down)
-        return "; ".join(f"{name} is {how}" for name, how in seen)
+        return "; ".join(f"{name} is {_word(how)}" for name, how in seen)
     sched = status.actor(SCHEDULER)  # (a step that hangs: its trio thread beats on;
     # past half the watchdog's budget: a CPU step of 10 s is no hang)
     stuck_after = max(SILENT_AFTER_S, engine.options.watchdog_timeout / 2)
@@ -65,12 +65,16 @@ def _seen_down(actor: ActorStatus) -> str | None:
     return seen_down(actor.pid)
 
 
+def _word(seen: str) -> str:
+    """The kernel's word for a process down, as rt says it: "stopped" by a signal is
+    "suspended" (the supervisor's "stopped" is an actor it will not start again)."""
+    return SUSPENDED if seen == "stopped" else seen
+
+
 def state_of(actor: ActorStatus) -> str:
     """``actor``'s state as /server_info tells it: its supervisor's, or the kernel's
     when that is newer: "suspended" from a SIGSTOP on (it said "running"; not
     "stopped", the supervisor's word for an actor it will not start again), or
     "exiting" once a SIGKILL is pending."""
     seen = _seen_down(actor)
-    if seen == "stopped":
-        return SUSPENDED
-    return seen or actor.state.value
+    return actor.state.value if seen is None else _word(seen)

@@ -10,6 +10,8 @@ from pydantic.json_schema import models_json_schema
 import rt
 from rt.http.schemas import BODIES, WsFrame
 
+OPTIONAL_BODIES = frozenset({"/pause_generation", "/flush_cache", "/continue_generation"})
+
 ERROR = {
     "type": "object",
     "properties": {
@@ -51,7 +53,7 @@ def document(routes: dict[tuple[str, str], str]) -> dict[str, Any]:
         body = BODIES.get(path)
         if body is not None and method in ("POST", "PUT"):
             op["requestBody"] = {
-                "required": path != "/pause_generation",
+                "required": path not in OPTIONAL_BODIES,
                 "content": {"application/json": {"schema": refs[(body, "validation")]}},
             }
         paths.setdefault(path, {})[method.lower()] = op

@@ -158,7 +158,7 @@ class Connection:
             size = len(data.encode("utf-8", "surrogatepass"))  # a character may be 4 bytes
         if size > self.front.settings.max_body_size:
             await self._answer(
-                self._refused_id(data),
+                await self._refused_id(data),
                 HTTPError(
                     413,
                     f"the frame has {size} bytes; at most {self.front.settings.max_body_size} are accepted",
@@ -169,7 +169,7 @@ class Connection:
             async with self.front.turn(size):
                 obj = loads(data)
         except HTTPError as err:
-            await self._answer(self._refused_id(data), err)
+            await self._answer(await self._refused_id(data), err)
             return
         if not isinstance(obj, dict):
             kind = "a list" if isinstance(obj, list) else type(obj).__name__
@@ -249,11 +249,14 @@ class Connection:
                 if running.scope.cancel_called:
                     await running.ended.wait()
 
-    def _refused_id(self, data: str | bytes) -> str | int | None:
+    async def _refused_id(self, data: str | bytes) -> str | int | None:
         """The id to refuse a frame that cannot be parsed whole for: the one it begins
         with, unless a request is in flight under it (the error would say that one
-        ended, and it goes on)."""
+        ended, and it goes on). One cancelled under it is waited for, as for a frame
+        that parses (:meth:`_after_cancelled`): the cancel came first."""
         cid = head_id(data)
+        if cid is not None:
+            await self._after_cancelled(cid, None)
         return None if cid in self.in_flight else cid
 
     async def _after_cancelled(self, cid: str | int, rid: Any) -> None:

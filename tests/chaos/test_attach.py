@@ -79,6 +79,12 @@ def test_an_attached_runs_checks_wait_a_stop_for_the_servers_watchdog() -> None:
     fitted = fitted_to(ours, server)
     assert fitted.run.engine["watchdog_timeout"] == 30.0 and exits(fitted) == []
     assert fitted.schedule.min_wait_s > 13  # (and spread out to fit 5 restarts in 60 s)
+    # a stop to continue is drawn under half the server's watchdog, not rt-chaos's 4 s
+    # (beside a server's 1 s one, 180 of 200 schedules held a stop that outlived it)
+    quick = replace(server, watchdog_timeout=1.0)
+    stops = [f.stop_s for f in draw_schedule(3, fitted_to(ours, quick).schedule).faults
+             if f.kind == "sigstop" and f.stop_s is not None]  # fmt: skip
+    assert stops and max(stops) <= 0.5
 
 
 @pytest.mark.parametrize("budget", [(5, 60.0), (1, 60.0), (3, 10.0), (19, 60.0)])

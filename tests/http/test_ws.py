@@ -471,6 +471,19 @@ async def test_an_id_or_rid_reused_right_after_its_cancel_is_served(default_serv
             assert dones[0]["meta_info"]["finish_reason"]["type"] == "abort"
             assert dones[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
             assert dones[-1]["meta_info"]["id"] == "mine"
+        # a frame that is no JSON reusing the cancelled id: refused for that id, after
+        # its done (it was refused for id null while the cancelled one unwound)
+        await ws.send_message(json.dumps({**first, "sampling_params": long}))
+        assert (await receive(ws))["type"] == "delta"
+        await ws.send_message(json.dumps({"id": "a", "type": "cancel"}))
+        await ws.send_message('{"id": "a", "type": "generate", "text": "x",}')
+        frames = [await receive(ws)]
+        while frames[-1]["type"] != "error":
+            frames.append(await receive(ws))
+        assert [(f["id"], f["type"]) for f in frames if f["type"] != "delta"] == [
+            ("a", "done"),
+            ("a", "error"),
+        ]
 
 
 @pytest.mark.parametrize("how", ["abort_request", "cancel"])
