@@ -15,7 +15,8 @@ Client → server (JSON text frames)::
 
 A bad frame is answered with an error frame for its id (null when it has
 none; a frame too big, or not JSON, is answered for the id it begins with,
-as rt.client's do) and never closes the connection. A cancel of an id not
+as rt.client's do, unless a request is in flight under it) and never closes
+the connection. A cancel of an id not
 in flight (it ended before the cancel came, or never was) does nothing, as
 /abort_request of a rid none has: answered with a 404, a client that reused
 the id at once took it for its new request's end. An error ends the request of its id,
