@@ -79,8 +79,9 @@ def fitted_to(config: CampaignConfig, server: Served) -> CampaignConfig:
     it"), and, when drawn, spread out to fit its restart limit (:func:`spaced`)."""
     engine = {**config.run.engine, "watchdog_timeout": server.watchdog_timeout}
     config = replace(config, run=replace(config.run, engine=engine))
-    if config.plan is None:  # (a stop to continue is drawn under half a watchdog: the
-        watchdog_s = min(config.schedule.watchdog_s, server.watchdog_timeout)  # server's)
+    if config.plan is None:
+        # a stop to continue is drawn under half a watchdog: under the server's too
+        watchdog_s = min(config.schedule.watchdog_s, server.watchdog_timeout)
         schedule = replace(config.schedule, watchdog_s=watchdog_s)
         config = replace(config, schedule=spaced(schedule, server, config.run.duration))
     return config

@@ -9,7 +9,7 @@ from rt.actors import ActorState
 from rt.actors.status import SILENT_AFTER_S, ActorStatus, seen_down
 from rt.frontend.wiring import SCHEDULER
 
-SUSPENDED = "suspended"  # /server_info's state of an actor stopped by a signal (SIGSTOP)
+SUSPENDED = "suspended"  # rt's word for an actor stopped by a signal (SIGSTOP)
 
 
 def unhealthy(engine: Any) -> str | None:

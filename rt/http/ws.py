@@ -13,32 +13,31 @@ Client → server (JSON text frames)::
                                each sequence's meta_info in meta_infos)
     {"id", "type": "error", "status", "message"}
 
-A bad frame is answered with an error frame for its id (null when it has
-none; a frame too big, or not JSON, is answered for the id it begins with,
-as rt.client's do, unless a request is in flight under it) and never closes
-the connection. A cancel of an id not
-in flight (it ended before the cancel came, or never was) does nothing, as
-/abort_request of a rid none has: answered with a 404, a client that reused
-the id at once took it for its new request's end. An error ends the request of its id,
-but for status 409: a ``generate`` whose id is already in flight is refused
-alone, and the request in flight under that id goes on (one that reuses the id,
-or the rid, of a request cancelled on the connection waits for it to end, and
-is served: the cancel came first); so is one past
-``Settings.ws_max_in_flight`` in flight (429; a request cancelled before it
-was sent makes room: it waits for that one's end, as a reused id does). The client leaving aborts every
-generation it had in flight; a server that stops closes each connection with
-1001 once what it had in flight has been answered. Frames go out through one
-writer task, with a bounded queue in front: a slow reader holds back its own
-generations only. A frame refused (an error frame to send) with the queue
-full waits for room, which holds back the client's further frames: a client
-that reads and sends a burst of frames gets every refusal, however many. That
-wait is bounded by the writer's progress, not by the queue's length (the
-queue is full of the connection's own deltas whenever its generations outpace
-the client): hypercorn tells of a client gone through the task that receives
-frames, and were it waiting for a writer stuck on that client, neither would
-ever move. A client whose writer has not finished one send in ``UNREAD_S``
-while a refusal waits does not read: it is closed with 1008, its generations
-aborted.
+A bad frame is answered with an error frame for its id (null when it has none;
+a frame too big, or not JSON, is answered for the id it begins with, as
+rt.client's do, unless a request is in flight under it) and never closes the
+connection. A cancel of an id not in flight (it ended before the cancel came,
+or never was) does nothing, as /abort_request of a rid none has: answered with
+a 404, a client that reused the id at once took it for its new request's end.
+An error ends the request of its id, but for status 409: a ``generate`` whose
+id is already in flight is refused alone, and the request in flight under that
+id goes on (one that reuses the id, or the rid, of a request cancelled on the
+connection waits for it to end, and is served: the cancel came first); so is
+one past ``Settings.ws_max_in_flight`` in flight (429; a request cancelled
+before it was sent makes room: it waits for that one's end, as a reused id
+does). The client leaving aborts every generation it had in flight; a server
+that stops closes each connection with 1001 once what it had in flight has been
+answered. Frames go out through one writer task, with a bounded queue in front:
+a slow reader holds back its own generations only. A frame refused (an error
+frame to send) with the queue full waits for room, which holds back the
+client's further frames: a client that reads and sends a burst of frames gets
+every refusal, however many. That wait is bounded by the writer's progress, not
+by the queue's length (the queue is full of the connection's own deltas
+whenever its generations outpace the client): hypercorn tells of a client gone
+through the task that receives frames, and were it waiting for a writer stuck
+on that client, neither would ever move. A client whose writer has not finished
+one send in ``UNREAD_S`` while a refusal waits does not read: it is closed with
+1008, its generations aborted.
 """
 
 from __future__ import annotations
@@ -180,22 +179,10 @@ class Connection:
         cid = obj.get("id")
         if isinstance(cid, bool) or not isinstance(cid, str | int):
             cid = None
-        # every frame for this id repeats it (an 8 MB id, 256 frames queued: 1 GB)
-        too_long = isinstance(cid, str) and len(cid) > MAX_RID_CHARS
-        if too_long or (isinstance(cid, int) and not INT64_MIN <= cid <= INT64_MAX):
-            problem = (
-                f"id: expected a string of at most {MAX_RID_CHARS} characters or a 64-bit "
-                f"integer, got {show(cid)}"
-            )
+        problem = id_problem(cid)
+        if problem is not None:
             await self._answer(None, HTTPError(400, problem, param="id"))
             return
-        if isinstance(cid, str) and not cid.isascii():
-            try:  # every frame for this id repeats it: it must encode
-                cid.encode("utf-8")
-            except UnicodeEncodeError:
-                problem = "id: expected a string of valid Unicode, got one with a lone surrogate"
-                await self._answer(None, HTTPError(400, problem, param="id"))
-                return
         try:
             frame = parse(WsFrame, obj)
             body = dict(frame.model_extra or {})
@@ -417,15 +404,25 @@ def head_id(data: str | bytes) -> str | int | None:
     if match is None:
         return None
     try:
-        cid = json.loads(match.group(1))
+        cid = json.loads(match.group(1))  # (a string or an int: what the pattern takes)
     except ValueError:
         return None
-    if isinstance(cid, int):
-        return cid if INT64_MIN <= cid <= INT64_MAX else None
-    if len(cid) > MAX_RID_CHARS:
-        return None
-    try:
-        cid.encode("utf-8")
-    except UnicodeEncodeError:  # (a lone surrogate escape)
-        return None
-    return cid
+    return cid if id_problem(cid) is None else None
+
+
+def id_problem(cid: str | int | None) -> str | None:
+    """Why ``cid`` can be no frame's id, or None. Every frame for an id repeats it
+    (an 8 MB id, 256 frames queued: 1 GB), so it must be short and encode."""
+    if (isinstance(cid, str) and len(cid) > MAX_RID_CHARS) or (
+        isinstance(cid, int) and not INT64_MIN <= cid <= INT64_MAX
+    ):
+        return (
+            f"id: expected a string of at most {MAX_RID_CHARS} characters or a 64-bit "
+            f"integer, got {show(cid)}"
+        )
+    if isinstance(cid, str) and not cid.isascii():
+        try:
+            cid.encode("utf-8")
+        except UnicodeEncodeError:
+            return "id: expected a string of valid Unicode, got one with a lone surrogate"
+    return None
