@@ -179,9 +179,9 @@ class Connection:
         cid = obj.get("id")
         if isinstance(cid, bool) or not isinstance(cid, str | int):
             cid = None
-        problem = id_problem(cid)
-        if problem is not None:
-            await self._answer(None, HTTPError(400, problem, param="id"))
+        bad_id = id_problem(cid)
+        if bad_id is not None:
+            await self._answer(None, HTTPError(400, bad_id, param="id"))
             return
         try:
             frame = parse(WsFrame, obj)
