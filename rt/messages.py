@@ -190,8 +190,8 @@ class SchedulerStats(Message, frozen=True):
     steps: int
     running: int
     waiting: int
-    request_tokens: int  # KV slots owned by requests
-    cached_tokens: int  # KV slots held by the radix cache
+    request_tokens: int  # KV slots running requests hold (their cached prefixes too)
+    cached_tokens: int  # KV slots the radix cache alone holds (evictable)
     free_tokens: int
     integrity_ok: bool
     retractions: int

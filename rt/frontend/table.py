@@ -68,6 +68,7 @@ class SeqState:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     seed: int | None = None
     resumed_from: list[int] = field(default_factory=list)  # held tokens at each resumption
+    cached: int | None = None  # its prompt's radix hit at its first admission
 
 
 @dataclass
@@ -219,7 +220,11 @@ class RequestTable:
                 )
         seq.seed = delta.seed if seq.seed is None else seq.seed
         record.prompt_tokens = delta.prompt_tokens or record.prompt_tokens
-        record.cached_tokens = max(record.cached_tokens, delta.cached_tokens)
+        if delta.admitted_at and seq.cached is None:
+            seq.cached = delta.cached_tokens
+            # the request's hit is its first sample's: the later ones also find the
+            # prefix their siblings computed, which no cache held when the request came
+            record.cached_tokens = min(c.cached for c in record.seqs if c.cached is not None)
         # "abort" is the scheduler's answer to an Abort the frontend sent: to a caller
         # who left (the record is gone), or to hold a suspect back (not an end)
         finished = delta.finish_reason not in (None, "abort")

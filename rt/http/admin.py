@@ -71,7 +71,8 @@ async def health_generate(front: Front, ex: Exchange) -> None:
     results = []
     with trio.move_on_after(timeout) as deadline:
         async with ex.cancel_on_disconnect():
-            results = await run(front, [job], limited=False)  # never refused by the queue limit
+            # never refused by the queue limit; no user's traffic: not in the metrics
+            results = await run(front, [job], limited=False, counted=False)
     if ex.disconnected:
         return
     if deadline.cancelled_caught:
@@ -90,8 +91,11 @@ async def server_info(front: Front, ex: Exchange) -> None:
     config["fault_plan"] = None if options.fault_plan is None else str(options.fault_plan)
     settings = dataclasses.asdict(front.settings)
     settings["api_key"] = "<set>" if settings["api_key"] else None
+    if settings["max_connections"] is None:  # (fitted to the open files' limit)
+        settings["max_connections"] = front.max_connections
     stats = front.scheduler
     scheduler = None if stats is None else _struct(stats)
+    pool = None if stats is None else stats.request_tokens + stats.cached_tokens + stats.free_tokens
     await ex.json(
         {
             # SGLang's keys, as its clients read them: the server's arguments at the
@@ -101,6 +105,9 @@ async def server_info(front: Front, ex: Exchange) -> None:
             "model_path": options.resolved_model_path(),  # (not None for the default model)
             "tokenizer_path": options.resolved_tokenizer_path(),
             "context_length": front.context_length,
+            # SGLang's: the KV pool's tokens, and the longest prompt that may come
+            "max_total_num_tokens": pool,
+            "max_req_input_len": None if pool is None else min(front.context_length, pool) - 1,
             "tp_size": 1,
             "dp_size": 1,
             "internal_states": [scheduler or {}],

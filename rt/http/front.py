@@ -44,8 +44,9 @@ BIG_BODY = 1 << 20
 class Tracked:
     """One engine request in flight: abortable by rid, and timed."""
 
-    def __init__(self, front: Front, rid: str, batch: str | None) -> None:
+    def __init__(self, front: Front, rid: str, batch: str | None, counted: bool = True) -> None:
         self.front = front
+        self.counted = counted  # its figures go to the metrics (not a health probe's)
         self.rid = rid
         self.batch = batch
         self.arrived = time.monotonic()
@@ -64,6 +65,8 @@ class Tracked:
     def abort(self, cause: str) -> bool:
         """Abort it; whether it was not aborted already (one unwinding, its client
         slow to take the end, was counted again by every later abort)."""
+        if not self.generating:  # the engine made it all: its client, slow to read, gets it
+            return False
         first = self.abort_cause is None
         if first:
             self.abort_cause = cause
@@ -74,7 +77,7 @@ class Tracked:
 
     def on_delta(self, delta: Delta) -> None:
         tokens = len(delta.output_ids)
-        if not tokens:
+        if not tokens or not self.counted:
             return
         now = time.monotonic()
         metrics = self.front.metrics
@@ -159,6 +162,8 @@ class Front:
         self.admitted = 0
         self._admissions: set[Admission] = set()
         self.scheduler: SchedulerStats | None = None
+        self.retractions_before = 0  # those of the scheduler's earlier incarnations
+        self.max_connections: int | None = None  # the cap in effect, once serving (0: none)
         options = engine.options
         queued = settings.max_queued_requests
         self.limit = None if queued is None else options.max_running_requests + queued
@@ -207,7 +212,7 @@ class Front:
             for admission in list(self._admissions):  # the ended, whose clients lag
                 admission.reclaim()
         if self.limit is not None and self.admitted + count > self.limit:
-            self.metrics.rejected.inc(count)
+            self.metrics.rejected.inc()
             raise HTTPError(
                 503,
                 f"the server is at its queue limit ({self.limit} generations in flight: "
@@ -250,16 +255,16 @@ class Front:
         )
 
     @contextmanager
-    def track(self, rid: str, batch: str | None = None) -> Iterator[Tracked]:
+    def track(self, rid: str, batch: str | None = None, counted: bool = True) -> Iterator[Tracked]:
         if rid in self.in_flight or rid in self._pending:
             self._in_use(rid)
-        tracked = Tracked(self, rid, batch)
+        tracked = Tracked(self, rid, batch, counted)
         self.in_flight[rid] = tracked
         try:
             yield tracked
         finally:
             del self.in_flight[rid]
-            if tracked.abort_cause is not None:
+            if tracked.abort_cause is not None and tracked.counted:
                 self.metrics.aborted.labels(tracked.abort_cause).inc()
 
     def abort(self, rid: str) -> int:
@@ -301,13 +306,21 @@ class Front:
             running=len(generating) - waiting,
             waiting=waiting,
             scheduler=self.scheduler,
+            retractions=self.retractions_before
+            + (0 if self.scheduler is None else self.scheduler.retractions),
             actors=self.engine.actors(),
         )
 
     async def watch_scheduler(self) -> None:
         """Keep the scheduler's latest report (for /server_info and /metrics)."""
         while True:
-            self.scheduler = await self.engine.scheduler_stats(self._is_new)
+            stats = await self.engine.scheduler_stats(self._is_new)
+            last = self.scheduler
+            if last is not None and (
+                stats.steps < last.steps or stats.retractions < last.retractions
+            ):  # a new incarnation counts from 0
+                self.retractions_before += last.retractions
+            self.scheduler = stats
 
     def _is_new(self, stats: SchedulerStats) -> bool:
         return stats is not self.scheduler

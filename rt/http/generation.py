@@ -164,13 +164,15 @@ async def run(
     limited: bool = True,
     taken: Taken | None = None,
     so_far: list[Result | None] | None = None,
+    counted: bool = True,
 ) -> list[Result]:
     """Run every job; the results in the jobs' order. The first error (an
     HTTPError, or the engine's mapped by :func:`http_error` with ``rename``)
     cancels the others and is raised. ``limited``: subject to the queue limit.
     ``taken``: told of each job whose prompt the engine has taken. ``so_far``
     (one item a job): each job's result as it fills, for a caller that cancels
-    the run and answers with what there was."""
+    the run and answers with what there was. ``counted``: its figures go to the
+    metrics (not a health probe's)."""
     results: list[Result | None] = [None] * len(jobs) if so_far is None else so_far
     failures: list[HTTPError] = []
     if taken is None and len(jobs) > 1:
@@ -197,6 +199,7 @@ async def run(
                     nursery,
                     taken,
                     turns,
+                    counted,
                 )
     if failures:
         try:
@@ -218,6 +221,7 @@ async def _run_one(
     nursery: trio.Nursery,
     taken: Taken | None,
     turns: Turns,
+    counted: bool,
 ) -> None:
     n = job.options.get("n", 1)  # not validated yet: the engine refuses a bad one below
     result = results[i] = Result(
@@ -225,7 +229,7 @@ async def _run_one(
     )
     try:
         aborted = turns.started(job.rid)  # (aborted while it waited for its turn)
-        with front.track(job.rid, job.batch) as tracked:
+        with front.track(job.rid, job.batch, counted) as tracked:
             if aborted is not None:
                 tracked.abort(aborted)
             stream = tracked.stream = EngineStream(front.engine, job.prompt, job.options)
@@ -233,6 +237,7 @@ async def _run_one(
             watching = trio.CancelScope()
             if taken is not None:
                 nursery.start_soon(_watch_taken, stream, i, taken, watching)
+            counts = False  # whether its figures go to the metrics: not a refusal's
             try:
                 with tracked.scope:
                     async for delta in stream:
@@ -256,8 +261,11 @@ async def _run_one(
                             except trio.Cancelled:  # (an abort, a cancel) before it went out:
                                 result.undo(delta)  # the answer says only what the client had
                                 raise
+                counts = counted
             except trio.Cancelled:  # the client left, or a sibling failed
-                if stream.cut or not stream.ended:  # (else the engine made it all)
+                # a sibling's failure refuses the whole request: nothing of it counts
+                counts = counted and not failures
+                if counts and (stream.cut or not stream.ended):  # (else the engine made all)
                     tracked.abort_cause = tracked.abort_cause or "cancelled"
                 raise
             finally:
@@ -269,11 +277,10 @@ async def _run_one(
                     result.cached_tokens = stream.cached_tokens
                     if result.input_ids is None:
                         result.input_ids = stream.input_ids
-            result.aborted = tracked.abort_cause
-            result.e2e_latency = time.monotonic() - result.arrived
-            if stream.queue_time is not None:
-                front.metrics.queue_time.observe(stream.queue_time)
-            _count(front, result)
+                    result.aborted = tracked.abort_cause
+                    result.e2e_latency = time.monotonic() - result.arrived
+                    if counts:  # (a client that left too: what it was sent was made)
+                        _count(front, result, stream.queue_time)
     except (errors.RtError, HTTPError) as err:
         failures.append(
             in_batch(err if isinstance(err, HTTPError) else http_error(err, rename), job)
@@ -327,8 +334,10 @@ def in_batch(err: HTTPError, job: Job) -> HTTPError:
     )
 
 
-def _count(front: Front, result: Result) -> None:
+def _count(front: Front, result: Result, queue_time: float | None) -> None:
     metrics = front.metrics
+    if queue_time is not None:
+        metrics.queue_time.observe(queue_time)
     if result.aborted is None:
         metrics.e2e.observe(result.e2e_latency)
     metrics.count_tokens(result.prompt_tokens, result.cached_tokens, result.completion_tokens)

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rt.actors import ActorState, ActorStatus
+from rt.actors import ActorStatus
+from rt.frontend.health import state_of
 from rt.messages import SchedulerStats
 
 LATENCY_BUCKETS = (
@@ -32,6 +33,7 @@ class EngineState:
     running: int  # requests the engine has not ended that have their first token
     waiting: int  # requests the engine has not ended still waiting for it
     scheduler: SchedulerStats | None  # the scheduler's last report (idle, or each second busy)
+    retractions: int  # since start, by every incarnation of the scheduler
     actors: tuple[ActorStatus, ...]
 
 
@@ -84,7 +86,10 @@ class Metrics:
         )
         self.generation_tokens = Counter("rt_generation_tokens", "Generated tokens", registry=r)
         self.rejected = Counter(
-            "rt_rejected_requests", "Refused with 503: past the queue limit", registry=r
+            "rt_rejected_requests",
+            "Requests refused with 503 past the queue limit (one a request, however many "
+            "prompts and samples it asked for)",
+            registry=r,
         )
         self.prompt_total = 0
         self.cached_total = 0
@@ -133,19 +138,24 @@ class _EngineCollector(Collector):
                 "KV slots held by the prefix cache, at the scheduler's last report",
                 stats.cached_tokens,
             )
-            retractions = CounterMetricFamily(
-                "rt_retractions",
-                "Decode requests retracted for lack of KV (this scheduler incarnation)",
-            )
-            retractions.add_metric([], stats.retractions)
-            yield retractions
+        retractions = CounterMetricFamily(
+            "rt_retractions",
+            "Decode requests retracted for lack of KV, since start (every scheduler's)",
+        )
+        retractions.add_metric([], state.retractions)
+        yield retractions
         restarts = CounterMetricFamily(
             "rt_actor_restarts", "Restarts of each actor", labels=["actor"]
         )
-        up = GaugeMetricFamily("rt_actor_up", "1 while the actor is running", labels=["actor"])
+        up = GaugeMetricFamily(
+            "rt_actor_up",
+            "1 while the actor is running (0 from a SIGSTOP or a pending SIGKILL on, as the "
+            "kernel tells it, as /health)",
+            labels=["actor"],
+        )
         for actor in state.actors:
             restarts.add_metric([actor.name], actor.restart_count)
-            up.add_metric([actor.name], 1.0 if actor.state is ActorState.RUNNING else 0.0)
+            up.add_metric([actor.name], 1.0 if state_of(actor) == "running" else 0.0)
         yield restarts
         yield up
 

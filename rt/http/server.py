@@ -97,6 +97,7 @@ async def serve(
             settings.max_connections, settings.retry_after_s, keepalive_s=settings.tcp_keepalive
         )
     gate.register(front.metrics.registry)
+    front.max_connections = gate.most
     app: Any = App(front, sends)  # an ASGI 3 callable; hypercorn's types want its TypedDicts
     if settings.allowed_origins:  # preflights answered, and the headers added, by Starlette's
         app = Cors(

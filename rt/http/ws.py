@@ -137,6 +137,7 @@ class Connection:
         """The receiving task's own answer to a frame: with the queue full, it waits
         while the writer moves; a writer stuck in one send for ``UNREAD_S`` ends the
         connection instead (see the module docstring)."""
+        self._count(err.status)
         frame = encode(_error_frame(cid, err))
         while True:
             sent = self._sent
@@ -281,6 +282,7 @@ class Connection:
     ) -> None:
         front, scope = self.front, running.scope
         so_far: list[Result | None] = [None]  # what a cancel answers with
+        status = 499  # (unless answered: the connection ended first)
 
         async def on_delta(i: int, delta: Delta, result: Result) -> None:
             frame: dict[str, Any] = {
@@ -310,17 +312,28 @@ class Connection:
                 partial = so_far[0] or Result(jobs[0].rid, [Seq()])  # (None: never started)
                 partial.aborted = "cancelled by the client"
                 results = [partial]
+            else:
+                status = 200
             await self._frame(_done(front, cid, req, results[0], scope.cancelled_caught), sent)
         except HTTPError as err:
+            status = err.status
             await self._frame(_error_frame(cid, err), sent)
         except Exception:  # a bug answers this id alone; the connection's others go on
             log.exception("WebSocket request %r failed", cid)
+            status = 500
             await self._frame(
                 _error_frame(
                     cid, HTTPError(500, "internal error; the server log has the traceback")
                 ),
                 sent,
             )
+        finally:
+            self._count(status)
+
+    def _count(self, status: int) -> None:
+        """A ``generate`` frame answered (or refused) with ``status``, in
+        ``rt_requests_total`` as /ws's (499: cancelled, or the connection ended)."""
+        self.front.metrics.requests.labels("/ws", str(status)).inc()
 
 
 def _done(

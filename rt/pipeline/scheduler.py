@@ -467,8 +467,10 @@ class SchedulerActor(Actor):
             steps=self.steps,
             running=stats.num_running,
             waiting=stats.num_waiting,
-            request_tokens=stats.max_total_tokens - stats.free_tokens - stats.cached_tokens,
-            cached_tokens=stats.cached_tokens,
+            # a prefix a running request reads is its KV, though the tree holds it too:
+            # only what the tree alone holds (evictable) is the cache's
+            request_tokens=stats.max_total_tokens - stats.free_tokens - stats.evictable_tokens,
+            cached_tokens=stats.evictable_tokens,
             free_tokens=stats.free_tokens,
             integrity_ok=self.integrity_ok,
             retractions=stats.num_retractions,

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import openai
 import small_shm
+from prometheus_client.parser import text_string_to_metric_families
 
 READY = re.compile(r"rt-serve ready on http://127\.0\.0\.1:(\d+)")
 START_TIMEOUT_S = 120.0
@@ -162,6 +163,17 @@ def running_server(*args: str, shm_size: str | None = None, fd_limit: int = 0) -
     code = server.stop()
     tail = "\n".join(server.log[-40:])
     assert code == 0, f"rt-serve exited with {code}:\n{tail}"
+
+
+def metrics(server: Server) -> dict[str, float]:
+    """Every sample of its /metrics, keyed ``name{label=value,...}``."""
+    text = httpx.get(f"{server.url}/metrics", headers=server.headers, timeout=30).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
 
 
 def write_plan(path: Path, plan: dict[str, Any]) -> str:

@@ -11,19 +11,7 @@ from typing import Any
 
 import httpx
 import trio
-from prometheus_client.parser import text_string_to_metric_families
-from serverlib import Server
-
-
-def metrics(server: Server) -> dict[str, float]:
-    """Every sample, keyed ``name{label=value,...}``."""
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}"] = sample.value
-    return out
+from serverlib import Server, metrics
 
 
 def test_health(default_server: Server) -> None:
@@ -85,11 +73,13 @@ async def test_health_is_503_while_an_actor_is_stopped_long_before_the_watchdog(
                         break
                     await trio.sleep(0.1)
             stopped = {a["name"]: a["state"] for a in default_server.info()["actors"]}
+            up = metrics(default_server)["rt_actor_up{actor=tokenizer0}"]
         finally:
             os.kill(pid, signal.SIGCONT)
         assert len(answers) == 1, answers  # the first probe
         assert "tokenizer0 is suspended" in answers[0][2], answers
         assert stopped["tokenizer0"] == "suspended", stopped  # /server_info too (said running)
+        assert up == 0  # and /metrics (said 1)
         with trio.fail_after(10):
             while (await client.get("/health")).status_code != 200:
                 await trio.sleep(0.1)
@@ -129,6 +119,14 @@ def test_server_info(default_server: Server) -> None:
     assert sglang["context_length"] == 512 and sglang["tp_size"] == 1
     assert sglang["max_running_requests"] == info["config"]["max_running_requests"]
     assert isinstance(sglang["internal_states"][0], dict)
+    # the values in effect where the flags left them to rt (they said null)
+    scheduler = info["scheduler"]
+    pool = scheduler["request_tokens"] + scheduler["cached_tokens"] + scheduler["free_tokens"]
+    assert sglang["max_total_num_tokens"] == pool > 0
+    assert sglang["max_req_input_len"] == min(512, pool) - 1
+    assert info["server"]["max_connections"] == metrics(default_server)[
+        "rt_http_max_connections{}"
+    ] > 0
 
 
 def test_last_gen_throughput_is_the_decode_rate_as_sglangs(default_server: Server) -> None:
@@ -255,23 +253,14 @@ async def test_the_scheduler_state_is_reported_while_it_is_busy(default_server: 
             nursery.start_soon(load)
             while not done.is_set() and not seen:
                 scheduler = (await client.get("/server_info")).json()["scheduler"]
-                # (the first report of a busy spell may come right after a prefill that
-                # left all of its KV in the prefix tree: no request tokens of its own yet)
-                if (
-                    scheduler is not None
-                    and scheduler["running"] >= 1
-                    and scheduler["request_tokens"]
-                ):
+                if scheduler is not None and scheduler["running"] >= 1:
                     seen = scheduler
-                    text = (await client.get("/metrics")).text
-                    usage = next(
-                        sample.value
-                        for family in text_string_to_metric_families(text)
-                        for sample in family.samples
-                        if sample.name == "rt_kv_cache_usage"
-                    )
+                    usage = metrics(default_server)["rt_kv_cache_usage{}"]
                 await trio.sleep(0.05)
-    assert seen, "no report showed a request running, and its KV, while four decoded 480 tokens"
+    assert seen, "no report showed a request running while four decoded 480 tokens"
+    # (its prompt is its KV from its prefill on, though the prefix tree holds it too:
+    # a report right after a prefill said 0)
+    assert seen["request_tokens"] > 0, seen
     assert usage > 0
 
 

@@ -8,12 +8,13 @@ import json
 import os
 import signal
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
-from serverlib import SLOW_STEPS, Server, running_server, write_plan
+from serverlib import SLOW_STEPS, Server, metrics, running_server, write_plan
 
 PROMPTS = [f"The quick brown fox {i}" for i in range(8)]
 TOKENS = 40
@@ -89,3 +90,29 @@ async def test_kill_an_actor_during_streams(server: Server, actor: str) -> None:
         assert after[actor] == before[actor] + 1
         metrics = (await client.get("/metrics")).text
         assert f'rt_actor_restarts_total{{actor="{actor}"}} {after[actor]}.0' in metrics
+
+
+async def test_retractions_are_counted_since_start_through_a_scheduler_restart() -> None:
+    """rt_retractions_total was the running scheduler's own count: a restart took
+    it back to 0, and a Prometheus counter that falls reads as a reset."""
+    with running_server("--load-format=null", "--max-total-tokens=600") as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            body = {"text": "In the beginning", "sampling_params": {"max_new_tokens": 250}}
+            body["sampling_params"]["ignore_eos"] = True
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):  # 6 × 250 tokens in a pool of 600: some must wait their turn
+                    nursery.start_soon(partial(client.post, "/generate", json=body))
+            with trio.fail_after(30):  # (the report of the scheduler gone idle after them)
+                while (sched := server.info()["scheduler"])["steps"] < 250 or sched["running"]:
+                    await trio.sleep(0.05)
+            before = metrics(server)["rt_retractions_total{}"]
+            assert before == sched["retractions"] > 0
+            pid = server.actor_pids()["scheduler"]
+            os.kill(pid, signal.SIGKILL)
+            with trio.fail_after(60):
+                while server.actor_pids()["scheduler"] == pid or not server.info()["healthy"]:
+                    await trio.sleep(0.05)
+                while (server.info()["scheduler"] or {}).get("retractions", 1):  # the new one's
+                    await trio.sleep(0.05)
+            assert metrics(server)["rt_retractions_total{}"] == before
+            assert (await client.post("/generate", json=body)).status_code == 200

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from serverlib import SLOW_STEPS, Server, running_server, write_plan
+from serverlib import SLOW_STEPS, Server, metrics, running_server, write_plan
 from trio_websocket import open_websocket_url
 
 from rt.http.app import ROUTES
@@ -274,6 +274,7 @@ async def test_past_the_queue_limit_503_and_the_accepted_are_unaffected(server: 
             with trio.fail_after(10):
                 while (await client.get("/server_info")).json()["requests_in_flight"] < 4:
                     await trio.sleep(0.01)
+            rejected = metrics(server)[REJECTED]
             refused = await client.post("/generate", json=long_body(4))
             assert refused.status_code == 503
             assert refused.headers["retry-after"] == "1"
@@ -282,6 +283,10 @@ async def test_past_the_queue_limit_503_and_the_accepted_are_unaffected(server: 
                 "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
             )
             assert chat.status_code == 503
+            two = await client.post("/generate", json={**long_body(4), "sampling_params": {"n": 2}})
+            assert two.status_code == 503
+            # three requests refused (one of two samples): three, as rt_requests_total says
+            assert metrics(server)[REJECTED] == rejected + 3
         assert [len(o["output_ids"]) for o in outputs] == [60] * 4
         assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outputs)
         assert (await client.post("/generate", json=long_body(2))).status_code == 200
@@ -293,6 +298,10 @@ async def test_past_the_queue_limit_503_and_the_accepted_are_unaffected(server: 
             assert "asks for 5 generations" in too_many.json()["error"]["message"]
 
 
+REJECTED = "rt_rejected_requests_total{}"
+CANCELLED = "rt_aborted_requests_total{cause=cancelled}"
+PROMPT_TOKENS = "rt_prompt_tokens_total{}"
+GENERATED = "rt_generation_tokens_total{}"
 CHAT = [{"role": "user", "content": "In the beginning"}]
 DISCONNECTS = {  # (path, body, whether it streams)
     "generate-stream": ("/generate", long_body(400, stream=True), True),
@@ -315,6 +324,7 @@ async def test_disconnect_frees_the_kv_at_once(server: Server, case: str) -> Non
     """A client that leaves, mid-stream or while it waits for a whole answer,
     cancels its request at once: not at its end, nor after a polling interval."""
     path, body, streams = DISCONNECTS[case]
+    before = metrics(server)
     async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
         steps = (await client.get("/server_info")).json()["scheduler"]["steps"]
         # By hand: httpx leaves its inner async generators to the garbage collector
@@ -345,8 +355,12 @@ async def test_disconnect_frees_the_kv_at_once(server: Server, case: str) -> Non
                 await trio.sleep(0.02)
         assert trio.current_time() - left_at < 4.0  # it had 6 s or more to go
         assert stats["request_tokens"] == 0  # its KV is free
-        text = (await client.get("/metrics")).text
-        assert 'rt_aborted_requests_total{cause="cancelled"}' in text
+        with trio.fail_after(10):  # (counted as its task unwinds)
+            while (after := metrics(server)).get(CANCELLED) == before.get(CANCELLED):
+                await trio.sleep(0.05)
+        # what was made for it is counted (nothing was): its prompt, the tokens it was sent
+        assert after[PROMPT_TOKENS] > before[PROMPT_TOKENS]
+        assert after[GENERATED] >= before[GENERATED] + (2 if streams else 0)  # (chat: a role)
 
 
 def test_a_chat_cut_to_the_context_gets_the_default_room_to_answer(server: Server) -> None:

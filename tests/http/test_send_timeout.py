@@ -358,7 +358,40 @@ def test_an_abort_stops_the_generations_of_a_client_that_stopped_reading(tmp_pat
             data = read_to_end(sock, every_s=0.05)  # the client reads again: its answer
         finally:  # ends, each prompt's marked aborted
             sock.close()
+        ends = finish_reasons(data)
+        assert len(ends) == 64 and all(end["type"] == "abort" for end in ends), ends[:3]
+        assert data.endswith(b"data: [DONE]\n\n"), data[-100:]
+
+        # made whole by the engine, not yet read by its client: nothing left to abort
+        # (it was counted aborted, and its client told so of the tokens it had made)
+        payload = {**body(64), "rid": "made"}
+        payload["sampling_params"]["max_new_tokens"] = 48  # ~2 s of 40 ms steps
+        steps = server.info()["scheduler"]["steps"]
+        sock = post_stream(server.port, payload, rcvbuf=2048, http="1.0")
+        try:
+            assert all_in_flight(server, 64)
+            deadline = time.monotonic() + 30
+            while not idle(info := server.info(), after=steps + 48):
+                assert time.monotonic() < deadline, info
+                time.sleep(0.1)
+            assert info["requests_in_flight"] == 64, "the client took all: nothing tested"
+            answer = httpx.post(f"{server.url}/abort_request", json={"rid": "made"}, timeout=30)
+            assert answer.json() == {"aborted": 0}, answer.text
+            data = read_to_end(sock, every_s=0.05)
+        finally:
+            sock.close()
+        ends = finish_reasons(data)
+        assert len(ends) == 64 and all(end["type"] == "length" for end in ends), ends[:3]
+        assert data.endswith(b"data: [DONE]\n\n"), data[-100:]
+
+
+def idle(info: dict[str, Any], after: int = 1) -> bool:
+    """Whether /server_info's scheduler has run ``after`` steps and holds no request."""
+    scheduler = info["scheduler"] or {}
+    return scheduler.get("steps", 0) >= after and not scheduler["running"] + scheduler["waiting"]
+
+
+def finish_reasons(data: bytes) -> list[dict[str, Any]]:
+    """The finish reasons of an SSE answer of /generate's, as its events end."""
     events = [json.loads(e[6:]) for e in data.decode().split("\n\n") if e.startswith("data: {")]
-    ends = [e["meta_info"]["finish_reason"] for e in events if e["meta_info"]["finish_reason"]]
-    assert len(ends) == 64 and all(end["type"] == "abort" for end in ends), ends[:3]
-    assert data.endswith(b"data: [DONE]\n\n"), data[-100:]
+    return [e["meta_info"]["finish_reason"] for e in events if e["meta_info"]["finish_reason"]]

@@ -100,6 +100,9 @@ async def test_pause_holds_every_request_and_continue_finishes_them_unchanged(ti
         assert await running.still(1.0)
         stats = await engine.scheduler_stats()
         assert stats.paused and stats.running == 1
+        # the prompt it reads from the prefix cache is KV it holds, not the cache's to free
+        assert stats.request_tokens > want.meta.prompt_tokens, stats
+        assert stats.request_tokens + stats.cached_tokens + stats.free_tokens == 8192
 
         # a new request is accepted and waits too; a cancelled one frees its KV at once
         newcomer = Reader(engine.stream(PROMPT, **GREEDY))
@@ -151,6 +154,9 @@ async def test_chunks_carry_their_logprobs_and_the_stream_its_meta(tiny_model) -
     async with rt.open_engine(str(tiny_model), **OPTIONS) as engine:
         options = dict(GREEDY, logprobs=True, top_logprobs=3, n=2, temperature=0.8, seed=5)
         whole = await engine.generate(PROMPT, **options)
+        # the first prompt a new engine sees: none of it was cached, though the second
+        # sample read what the first computed
+        assert whole.meta.cached_tokens == 0
         stream = engine.stream(PROMPT, **options)
         logprobs: dict[int, list[float]] = {0: [], 1: []}
         top: dict[int, list[Any]] = {0: [], 1: []}
