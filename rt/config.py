@@ -326,7 +326,24 @@ class EngineOptions(BaseModel):
             raise ConfigError(f"model_path: {path.parent} is not a directory") from err
         except (OSError, ValueError) as err:  # unreadable, or no JSON
             raise ConfigError(f"model_path: cannot read {path}: {err}") from err
+        if not isinstance(config, dict):
+            raise ConfigError(
+                f"model_path: {path}: expected a JSON object, got {type(config).__name__}"
+            )
         return config
+
+    def check_model(self) -> None:
+        """That the model's directory describes a model rt can build: config.json's
+        architecture and shapes, generation_config.json, the tokenizer's EOS (what
+        the scheduler reads before the weights). A ConfigError names what is wrong:
+        refused here, before any process starts, not by an actor at each restart."""
+        from rt.errors import ModelLoadError
+        from rt.gpu.model_dir import read_model_dir
+
+        try:
+            read_model_dir(self.resolved_model_path())
+        except ModelLoadError as err:
+            raise ConfigError(f"model_path: {err}") from err
 
     def model_sampling_defaults(self) -> dict[str, Any]:
         """What generation_config.json sets of ``MODEL_SAMPLING_KEYS`` (none with
@@ -354,15 +371,24 @@ class EngineOptions(BaseModel):
     def model_limits(self) -> tuple[int, int]:
         """(context length, vocabulary size) from the model's config.json."""
         config = self._checkpoint_config()
-        trained = config.get("max_position_embeddings")
-        if self.context_length and trained is not None and self.context_length > int(trained):
+        trained, vocab = config.get("max_position_embeddings"), config.get("vocab_size")
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+            raise ConfigError(
+                f"model_path: config.json's vocab_size: expected a positive integer, got {vocab!r}"
+            )
+        if trained is not None and (isinstance(trained, bool) or not isinstance(trained, int)):
+            raise ConfigError(
+                "model_path: config.json's max_position_embeddings: expected an integer, "
+                f"got {trained!r}"
+            )
+        if self.context_length and trained is not None and self.context_length > trained:
             raise ConfigError(
                 f"context_length: expected at most the model's max_position_embeddings "
                 f"({trained}), got {self.context_length}; positions past it were never "
                 "trained, and what the model makes of them is garbage"
             )
-        context = self.context_length or int(trained or 2048)
-        return context, int(config["vocab_size"])
+        # (none in config.json: 4096, as the engine core takes it: rt.gpu.model_config)
+        return self.context_length or trained or 4096, vocab
 
     def _scheduler_threads(self) -> int | None:
         """One torch thread per CPU the scheduler is pinned to."""

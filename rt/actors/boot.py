@@ -9,7 +9,7 @@ before it unpickles the actor's factory. The child answers one of::
     ("crashed", traceback, error)                 run() raised after ready; then exits 1
 
 ``error`` is the innermost real exception's ``Type: message`` (through exception groups);
-``refused``: it was a ConfigError (starting again would fail the same way).
+``refused``: it was a ConfigError or a ModelLoadError (starting again would fail the same way).
 
 Messages are a u32 length and a pickle. The parent never unpickles anything
 but what its own child wrote.

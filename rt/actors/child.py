@@ -41,7 +41,7 @@ from rt.actors.actor import ActorContext
 from rt.actors.boot import ChildBoot
 from rt.actors.faults import Faults
 from rt.actors.heartbeat import Heartbeat
-from rt.errors import ConfigError, EndOfChannel
+from rt.errors import ConfigError, EndOfChannel, ModelLoadError
 from rt.groups import leaves
 
 PR_SET_PDEATHSIG = 1
@@ -157,7 +157,8 @@ async def run_child(boot: ChildBoot, ctl: socket.socket) -> int:
             ctx, heartbeat = _attach(boot, stack)
             actor = await _start_up(boot, ctx)
         except Exception as err:
-            refused = isinstance(err, ConfigError)  # the same start-up would fail again
+            # the same start-up would fail again: options, or a model that does not load
+            refused = isinstance(err, ConfigError | ModelLoadError)
             report = ("startup_error", traceback.format_exc(), describe_error(err), refused)
             ctl.sendall(wire.encode(report))
             return 1

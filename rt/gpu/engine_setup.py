@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rt.errors import ConfigError
+from rt.errors import ConfigError, ModelLoadError, RtError
 from rt.gpu.attention import SLOTS_MAJOR_BACKENDS, create_attention_backend
 from rt.gpu.engine_config import EngineConfig
 from rt.gpu.kv_cache import KVCacheManager, ReqTable
@@ -37,6 +39,23 @@ class EngineParts:
     decode: DecodePlanner
 
 
+@contextmanager
+def _loading(path: str | Path | None) -> Iterator[None]:
+    """What goes wrong reading a model's files, as a ModelLoadError that names them:
+    a truncated or corrupt shard, a field of the wrong type, a rope setting that
+    lacks a key. The actor's start is then refused (rt.actors.child): a restart
+    would read the same files and fail alike, after loading what it could again.
+    Running out of memory is not the files' fault: raised as it is."""
+    try:
+        yield
+    except (RtError, MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as err:
+        raise ModelLoadError(
+            f"cannot load the model in {path}: {type(err).__name__}: {err}"
+        ) from err
+
+
 def build_parts(config: EngineConfig) -> EngineParts:
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -44,7 +63,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
     dtype = resolve_dtype(config.dtype)
     files = None
     if config.model_path is not None and config.model_config is None:
-        files = read_model_dir(config.model_path)
+        with _loading(config.model_path):
+            files = read_model_dir(config.model_path)
         model_config, eos = files.config, files.eos_token_ids
     else:
         assert config.model_config is not None
@@ -59,7 +79,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
     else:
         path = Path(config.model_path) if config.model_path is not None else None
         load_format = "safetensors" if config.load_format == "auto" else config.load_format
-        model = load_model(model_config, path, load_format, dtype, device, seed=config.seed)
+        with _loading(path):
+            model = load_model(model_config, path, load_format, dtype, device, seed=config.seed)
     log.info(
         "model ready in %.1f s (%s, %s, %s)",
         time.monotonic() - start,

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 LOAD_FORMATS = ("auto", "safetensors", "dummy", "null")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -186,11 +187,16 @@ def checkpoint_targets(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _load_safetensors(model: LlamaForCausalLM, model_path: Path) -> None:
+    files = shard_files(model_path)
+    embed = model.model.embed_tokens.weight
+    untied = model.config.tie_word_embeddings and {EMBED, HEAD} <= _names(files)
+    if untied:  # config.json ties them, the checkpoint has two: as transformers, two
+        model.lm_head.weight = nn.Parameter(torch.empty_like(embed), requires_grad=False)
     params = checkpoint_targets(model)
     loaded: set[str] = set()
     unexpected: list[str] = []
     with torch.no_grad():
-        for name, tensor in _iter_tensors(shard_files(model_path)):
+        for name, tensor in _iter_tensors(files):
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
             param = params.get(name)
@@ -208,13 +214,28 @@ def _load_safetensors(model: LlamaForCausalLM, model_path: Path) -> None:
             f"checkpoint has weights this architecture does not use: {unexpected[:5]}"
         )
     missing = sorted(set(params) - loaded)
-    if "lm_head.weight" in missing and model.config.tie_word_embeddings:
-        missing.remove("lm_head.weight")
-    if (
-        "model.embed_tokens.weight" in missing
-        and "lm_head.weight" in loaded
-        and model.config.tie_word_embeddings
-    ):
-        missing.remove("model.embed_tokens.weight")
+    if HEAD in missing and model.config.tie_word_embeddings:
+        missing.remove(HEAD)
+    if EMBED in missing and HEAD in loaded and model.config.tie_word_embeddings:
+        missing.remove(EMBED)
     if missing:
         raise ModelLoadError(f"checkpoint lacks weights: {missing[:5]} (of {len(missing)})")
+    if untied:
+        if torch.equal(model.lm_head.weight, embed):  # the one tensor saved twice
+            model.lm_head.weight = embed
+        else:
+            log.warning(
+                "config.json ties the output head to the embedding, and the checkpoint "
+                "has a head of its own: it is used (as transformers does)"
+            )
+
+
+def _names(files: list[Path]) -> set[str]:
+    """The tensors' names in ``files`` (their headers alone)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            names.update(f.keys())
+    return names

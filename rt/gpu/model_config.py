@@ -45,10 +45,21 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        assert self.num_heads % self.num_kv_heads == 0, (
-            "num_heads must be a multiple of num_kv_heads"
-        )
-        assert len(self.sliding_windows) == self.num_layers
+        if min(self.num_heads, self.num_kv_heads, self.num_layers, self.hidden_size) < 1:
+            raise ModelLoadError(
+                "config.json: num_attention_heads, num_key_value_heads, num_hidden_layers "
+                "and hidden_size must be positive"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(
+                f"config.json: num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if len(self.sliding_windows) != self.num_layers:
+            raise ModelLoadError(
+                f"config.json: layer_types names {len(self.sliding_windows)} layers, "
+                f"num_hidden_layers {self.num_layers}"
+            )
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -91,6 +102,8 @@ class ModelConfig:
             )
         except KeyError as err:
             raise ModelLoadError(f"config.json lacks the required field {err.args[0]!r}") from err
+        except (TypeError, ValueError, ZeroDivisionError) as err:  # a field of the wrong type
+            raise ModelLoadError(f"config.json has a field rt cannot read: {err}") from err
         rope_type = cfg.rope_scaling.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise UnsupportedModelError(
@@ -108,6 +121,8 @@ class ModelConfig:
             raw = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise ModelLoadError(f"{path} is not valid JSON: {err}") from err
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{path}: expected a JSON object, got {type(raw).__name__}")
         return cls.from_dict(raw)
 
     @property
@@ -163,4 +178,4 @@ def _as_ids(value: Any) -> tuple[int, ...]:
         return ()
     if isinstance(value, int):
         return (value,)
-    return tuple(int(v) for v in value)
+    return tuple(int(v) for v in value if v is not None)

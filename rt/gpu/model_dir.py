@@ -17,7 +17,9 @@ class ModelFiles:
 
     path: Path
     config: ModelConfig
-    eos_token_ids: tuple[int, ...]  # generation_config.json first, then config.json
+    # generation_config.json's first, then config.json's, then the tokenizer's own (as
+    # vLLM and SGLang stop at it too)
+    eos_token_ids: tuple[int, ...]
     chat_template: str | None
     tokenizer_file: Path | None
 
@@ -30,11 +32,20 @@ def read_model_dir(model_path: str | Path) -> ModelFiles:
     config = ModelConfig.from_dir(path)
     gen = _read_json(path / "generation_config.json") or {}
     eos: list[int] = []
-    for source in (gen.get("eos_token_id"), config.eos_token_ids):
-        for tok in [source] if isinstance(source, int) else (source or ()):
-            if int(tok) not in eos:
-                eos.append(int(tok))
     tok_cfg = _read_json(path / "tokenizer_config.json") or {}
+    tokenizer_file = path / "tokenizer.json"
+    for source in (gen.get("eos_token_id"), config.eos_token_ids, _tokenizer_eos(path, tok_cfg)):
+        for tok in source if isinstance(source, list | tuple) else [source]:
+            if tok is None:  # ([2, null]: none named there)
+                continue
+            try:
+                tok = int(tok)  # (a string of digits, as some configs write it)
+            except (TypeError, ValueError) as err:
+                raise ModelLoadError(
+                    f"{path}: eos_token_id: expected token ids, got {source!r}"
+                ) from err
+            if tok not in eos:
+                eos.append(tok)
     template = tok_cfg.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -42,7 +53,6 @@ def read_model_dir(model_path: str | Path) -> ModelFiles:
     jinja = path / "chat_template.jinja"
     if jinja.is_file():
         template = jinja.read_text()
-    tokenizer_file = path / "tokenizer.json"
     return ModelFiles(
         path=path,
         config=config,
@@ -61,6 +71,23 @@ def load_tokenizer(files: ModelFiles) -> Any:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(files.tokenizer_file))
+
+
+def _tokenizer_eos(path: Path, tok_cfg: dict[str, Any]) -> int | None:
+    """The id of tokenizer_config.json's ``eos_token`` in tokenizer.json (None when
+    either has none)."""
+    name = tok_cfg.get("eos_token")
+    if isinstance(name, dict):  # {"content": "</s>", ...}
+        name = name.get("content")
+    if not isinstance(name, str) or not (path / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        found = Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id(name)
+    except Exception as err:  # (its own error type: tokenizers' Exception)
+        raise ModelLoadError(f"{path}/tokenizer.json does not load: {err}") from err
+    return found if isinstance(found, int) else None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

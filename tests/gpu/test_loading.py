@@ -9,10 +9,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from gpu_testlib import greedy, make_engine, prompts, run_all
+from gpu_testlib import VOCAB, greedy, hf_greedy, make_engine, prompts, run_all
 
 from rt.errors import ModelLoadError, UnsupportedModelError
 from rt.gpu import EngineConfig, EngineCore, ModelConfig
@@ -146,6 +147,56 @@ def test_dummy_weights_take_any_seed(checkpoints: dict[str, Path]) -> None:
 def test_tied_embeddings_share_storage(checkpoints: dict[str, Path]) -> None:
     model = make_engine(checkpoints["qwen2"], dtype="bfloat16").runner.model
     assert model.lm_head.weight is model.model.embed_tokens.weight  # type: ignore[union-attr]
+
+
+def test_a_head_of_its_own_is_used_though_config_ties_it(
+    tmp_path: Path, checkpoints: dict[str, Path], hf_models: dict[str, Any]
+) -> None:
+    """config.json ties the head to the embedding, and the checkpoint holds both,
+    different: rt copied both into the one tensor (which won depended on the order
+    of the shards): its tokens were neither's. transformers keeps them apart."""
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "tied-config"
+    shutil.copytree(checkpoints["llama"], path)
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": True}))
+    tensors = load_file(path / "model.safetensors")
+    assert not torch.equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"])
+    p = prompts(1, [12], seed=4)[0]
+    got = run_all(make_engine(path), {"a": (p, greedy(12))})["a"]["tokens"]
+    assert got == hf_greedy(hf_models["llama"], p, 12)  # (the untied model's)
+    # the one tensor saved twice: tied again (no second copy of the embedding; in
+    # bfloat16: float32 on the CPU gives the head a column-major copy of its own)
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, path / "model.safetensors")
+    model = make_engine(path, dtype="bfloat16").runner.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # type: ignore[union-attr]
+
+
+def test_the_tokenizers_eos_stops_generation(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
+    """A model whose configs name no EOS, and whose tokenizer does: rt never
+    stopped there (vLLM and SGLang stop at the tokenizer's EOS)."""
+    from tokenizers import Tokenizer, models
+
+    path = tmp_path / "model"
+    shutil.copytree(checkpoints["llama"], path)
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "eos_token_id": None}))
+    (path / "generation_config.json").unlink(missing_ok=True)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0")).save(str(path / "tokenizer.json"))
+    p = prompts(1, [10], seed=9)[0]
+    assert read_model_dir(path).eos_token_ids == ()
+    tokens = run_all(make_engine(path), {"a": (p, greedy(8))})["a"]["tokens"]
+    assert len(tokens) == 8
+    stop = tokens[3]
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"t{stop}"}))
+    assert read_model_dir(path).eos_token_ids == (stop,)
+    res = run_all(make_engine(path), {"a": (p, greedy(8))})["a"]
+    assert (
+        res["final"].finish_reason == "stop" and res["tokens"] == tokens[: tokens.index(stop) + 1]
+    )
 
 
 def test_float32_linear_weights_are_column_major_on_the_cpu(checkpoints: dict[str, Path]) -> None:
