@@ -475,6 +475,9 @@ class Drawn:
 
     @property
     def bad(self) -> list[str]:
+        empty = self.prompt == "" and self.options.get("add_special_tokens") is False
+        if empty and BAD not in self.verdicts.values():  # each fine alone: together no
+            return ["prompt"]  # token to start from ("the prompt is empty")
         return [name for name, verdict in self.verdicts.items() if verdict == BAD]
 
 
