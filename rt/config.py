@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from rt.actors.affinity import parse_cpu_list
-from rt.errors import ConfigError, InvalidRequestError
+from rt.errors import ConfigError, InvalidRequestError, ModelLoadError
 from rt.gpu.sampling_params import SamplingParams
 
 # what generation_config.json may set for requests that leave it out (vLLM's and SGLang's)
@@ -332,12 +332,11 @@ class EngineOptions(BaseModel):
             )
         return config
 
-    def check_model(self) -> None:
+    def check_model_dir(self) -> None:
         """That the model's directory describes a model rt can build: config.json's
         architecture and shapes, generation_config.json, the tokenizer's EOS (what
         the scheduler reads before the weights). A ConfigError names what is wrong:
         refused here, before any process starts, not by an actor at each restart."""
-        from rt.errors import ModelLoadError
         from rt.gpu.model_dir import read_model_dir
 
         try:

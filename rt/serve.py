@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
         options = engine_options(args)
         checked = EngineOptions.build(**options)
         checked.model_limits()  # no config.json there, a context past the model's
-        checked.check_model()  # a model rt cannot build (architecture, shapes, EOS)
+        checked.check_model_dir()  # a model rt cannot build (architecture, shapes, EOS)
         checked.model_sampling_defaults()  # generation_config.json's, if no request could take them
         checked.check_device()  # CUDA asked for on a host without it
         checked.engine_config()  # options the engine core refuses (torch.compile on CUDA)

@@ -48,7 +48,7 @@ async def open_engine(model_path: str | None = None, **options: Any) -> AsyncIte
         ) from None
     opts = EngineOptions.build(model_path=model_path, **options)
     opts.check_device()  # CUDA asked for on a host without it: before any process starts
-    opts.check_model()  # a model rt cannot build (architecture, shapes, EOS): before too
+    opts.check_model_dir()  # a model rt cannot build (architecture, shapes, EOS): before too
     defaults = opts.model_sampling_defaults()  # refused before any process starts too
     if defaults:
         log.info("sampling parameters a request leaves out: the model's %s", defaults)

@@ -222,8 +222,8 @@ class RequestTable:
         record.prompt_tokens = delta.prompt_tokens or record.prompt_tokens
         if delta.admitted_at and seq.cached is None:
             seq.cached = delta.cached_tokens
-            # the request's hit is its first sample's: the later ones also find the
-            # prefix their siblings computed, which no cache held when the request came
+            # the request's hit is the least of its samples' (the first admitted's): the
+            # later ones also find what their siblings computed, no cache's when it came
             record.cached_tokens = min(c.cached for c in record.seqs if c.cached is not None)
         # "abort" is the scheduler's answer to an Abort the frontend sent: to a caller
         # who left (the record is gone), or to hold a suspect back (not an end)

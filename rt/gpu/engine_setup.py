@@ -45,12 +45,15 @@ def _loading(path: str | Path | None) -> Iterator[None]:
     a truncated or corrupt shard, a field of the wrong type, a rope setting that
     lacks a key. The actor's start is then refused (rt.actors.child): a restart
     would read the same files and fail alike, after loading what it could again.
-    Running out of memory is not the files' fault: raised as it is."""
+    Running out of memory is not the files' fault: raised as it is (on the CPU,
+    torch says so in a RuntimeError: "DefaultCPUAllocator: can't allocate memory")."""
     try:
         yield
     except (RtError, MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as err:
+        if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):
+            raise
         raise ModelLoadError(
             f"cannot load the model in {path}: {type(err).__name__}: {err}"
         ) from err

@@ -74,20 +74,31 @@ def load_tokenizer(files: ModelFiles) -> Any:
 
 
 def _tokenizer_eos(path: Path, tok_cfg: dict[str, Any]) -> int | None:
-    """The id of tokenizer_config.json's ``eos_token`` in tokenizer.json (None when
-    either has none)."""
+    """The id of tokenizer_config.json's ``eos_token``: from its ``added_tokens_decoder``
+    (where transformers writes every special token with its id), else from
+    tokenizer.json's ``added_tokens`` (a vocabulary of maybe 16 MB, read only then;
+    one that does not read names none: another may serve, ``tokenizer_path``).
+    None when neither names it."""
     name = tok_cfg.get("eos_token")
     if isinstance(name, dict):  # {"content": "</s>", ...}
         name = name.get("content")
-    if not isinstance(name, str) or not (path / "tokenizer.json").is_file():
+    if not isinstance(name, str):
         return None
-    from tokenizers import Tokenizer
+    added = tok_cfg.get("added_tokens_decoder")
+    if isinstance(added, dict):
+        ids = [int(k) for k, t in added.items() if k.isdigit() and _names(t, name)]
+    else:
+        try:
+            listed = json.loads((path / "tokenizer.json").read_text()).get("added_tokens")
+        except (OSError, ValueError, AttributeError):
+            return None
+        listed = listed if isinstance(listed, list) else []
+        ids = [t["id"] for t in listed if _names(t, name) and isinstance(t.get("id"), int)]
+    return ids[0] if ids else None
 
-    try:
-        found = Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id(name)
-    except Exception as err:  # (its own error type: tokenizers' Exception)
-        raise ModelLoadError(f"{path}/tokenizer.json does not load: {err}") from err
-    return found if isinstance(found, int) else None
+
+def _names(token: Any, name: str) -> bool:
+    return isinstance(token, dict) and token.get("content") == name
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

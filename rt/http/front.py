@@ -390,7 +390,8 @@ def _param(message: str) -> str | None:
 
 
 def _eos_ids(model_path: str) -> frozenset[int]:
-    """The model's end-of-text ids (generation_config.json's, config.json's)."""
+    """The model's end-of-text ids (generation_config.json's, config.json's, the
+    tokenizer's: as the scheduler stops at them, rt.gpu.model_dir)."""
     try:
         return frozenset(read_model_dir(model_path).eos_token_ids)
     except errors.RtError:  # (the engine that read it first said why, if it could not)

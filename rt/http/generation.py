@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,8 @@ class Result:
     prompt: Prompt | None = None  # with prompt logprobs, when asked for
     kept_ids: tuple[int, ...] | None = None  # the prompt the model read, when its start was cut
     input_ids: Any = None  # the prompt's ids the model read (an array), from the first chunk
+    counts: bool = False  # its figures go to the metrics (once its run is not refused)
+    queue_time: float | None = None  # until the scheduler first admitted it
 
     def elapsed(self) -> float:
         return self.e2e_latency or time.monotonic() - self.arrived
@@ -181,6 +184,7 @@ async def run(
     with (
         front.admit(sum(_samples(job) for job in jobs) if limited else 0) as admission,
         front.pending(pending) as turns,  # (abortable before their turns)
+        _counting(front, results, failures),
     ):
         async with trio.open_nursery() as nursery:
             for i, job in enumerate(jobs):
@@ -279,8 +283,8 @@ async def _run_one(
                         result.input_ids = stream.input_ids
                     result.aborted = tracked.abort_cause
                     result.e2e_latency = time.monotonic() - result.arrived
-                    if counts:  # (a client that left too: what it was sent was made)
-                        _count(front, result, stream.queue_time)
+                    result.counts = counts  # (a client that left too: what it was sent was made)
+                    result.queue_time = stream.queue_time
     except (errors.RtError, HTTPError) as err:
         failures.append(
             in_batch(err if isinstance(err, HTTPError) else http_error(err, rename), job)
@@ -334,10 +338,26 @@ def in_batch(err: HTTPError, job: Job) -> HTTPError:
     )
 
 
-def _count(front: Front, result: Result, queue_time: float | None) -> None:
+@contextmanager
+def _counting(
+    front: Front, results: list[Result | None], failures: list[HTTPError]
+) -> Iterator[None]:
+    """Count the run's results in the metrics as it ends, however it ends (a client
+    that left too), but for a run refused (a prompt's failure refuses them all: one
+    that finished before it is no more counted than the others)."""
+    try:
+        yield
+    finally:
+        if not failures:
+            for result in results:
+                if result is not None and result.counts:
+                    _count(front, result)
+
+
+def _count(front: Front, result: Result) -> None:
     metrics = front.metrics
-    if queue_time is not None:
-        metrics.queue_time.observe(queue_time)
+    if result.queue_time is not None:
+        metrics.queue_time.observe(result.queue_time)
     if result.aborted is None:
         metrics.e2e.observe(result.e2e_latency)
     metrics.count_tokens(result.prompt_tokens, result.cached_tokens, result.completion_tokens)

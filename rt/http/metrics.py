@@ -135,7 +135,8 @@ class _EngineCollector(Collector):
             )
             yield _gauge(
                 "rt_kv_cache_cached_tokens",
-                "KV slots held by the prefix cache, at the scheduler's last report",
+                "KV slots the prefix cache alone holds (no running request reads them: "
+                "evictable), at the scheduler's last report",
                 stats.cached_tokens,
             )
         retractions = CounterMetricFamily(

@@ -191,12 +191,37 @@ def test_the_tokenizers_eos_stops_generation(tmp_path: Path, checkpoints: dict[s
     tokens = run_all(make_engine(path), {"a": (p, greedy(8))})["a"]["tokens"]
     assert len(tokens) == 8
     stop = tokens[3]
+    # (as transformers writes it: each special token with its id)
+    added = {str(stop): {"content": f"t{stop}", "special": True}}
+    config = {"eos_token": f"t{stop}", "added_tokens_decoder": added}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert read_model_dir(path).eos_token_ids == (stop,)
+    # a tokenizer_config.json without them: tokenizer.json's added tokens say the id
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"t{stop}"}))
+    assert read_model_dir(path).eos_token_ids == ()  # (a plain token of the vocabulary)
+    special = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    special.add_special_tokens([f"t{stop}"])
+    special.save(str(path / "tokenizer.json"))
     assert read_model_dir(path).eos_token_ids == (stop,)
     res = run_all(make_engine(path), {"a": (p, greedy(8))})["a"]
     assert (
         res["final"].finish_reason == "stop" and res["tokens"] == tokens[: tokens.index(stop) + 1]
     )
+
+
+def test_running_out_of_memory_is_not_the_models_fault(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    """A ModelLoadError refuses the start for good (the files would fail alike);
+    a host short of memory may have it later: torch's error, as it is."""
+    path = tmp_path / "huge"
+    path.mkdir()
+    raw = json.loads((checkpoints["llama"] / "config.json").read_text())
+    # a 128 TiB embedding: past any address space, whatever the overcommit policy
+    huge = {**raw, "vocab_size": 1 << 25, "hidden_size": 1 << 20}
+    (path / "config.json").write_text(json.dumps(huge))
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        make_engine(path, max_total_tokens=64)
 
 
 def test_float32_linear_weights_are_column_major_on_the_cpu(checkpoints: dict[str, Path]) -> None:

@@ -108,8 +108,8 @@ def test_a_model_that_does_not_load_is_exit_2_after_one_start(
 def test_a_generation_config_no_request_could_take_is_a_line(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A ConfigError too, but raised as the engine opened: exit 1, after the
-    actors had started."""
+    """A ConfigError too, but raised as the engine opened: it exited 1, after the
+    actors had started (now 2, before any starts)."""
     path = copy_of(tiny_model, tmp_path / "model", lambda config: config)
     (path / "generation_config.json").write_text(json.dumps({"top_p": 0}))
     with pytest.raises(SystemExit) as exit_:

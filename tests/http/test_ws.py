@@ -508,12 +508,14 @@ async def test_a_done_frame_counts_only_the_tokens_its_client_was_sent(
     target = {"id": "t", "type": "generate", "text": "In", "sampling_params": one, "rid": how}
     await send(target)
     await trio.sleep(1.5)  # its one token is made, its delta waits behind the others
+    made = True  # (an abort finds nothing to stop once the engine has made it)
     if how == "cancel":
         await send({"id": "t", "type": "cancel"})
     else:
         async with httpx.AsyncClient(base_url=default_server.url, timeout=30) as client:
-            aborted = await client.post("/abort_request", json={"rid": how})
-            assert aborted.json() == {"aborted": 0}, aborted.text
+            aborted = (await client.post("/abort_request", json={"rid": how})).json()
+            assert aborted in ({"aborted": 0}, {"aborted": 1}), aborted
+            made = aborted == {"aborted": 0}  # (1: a machine too slow for the sleep)
     received, done, text = 0, None, ""
     with trio.fail_after(60):
         while done is None:
@@ -532,7 +534,8 @@ async def test_a_done_frame_counts_only_the_tokens_its_client_was_sent(
     meta = done["meta_info"]
     assert meta["completion_tokens"] == received
     assert meta["finish_reason"]["type"] == ("length" if received else "abort"), meta
-    assert received or how == "cancel"
+    if how == "abort_request":  # made whole: its client gets it whole
+        assert bool(received) == made, (received, made)
     await stream.aclose()
 
 
