@@ -37,7 +37,7 @@ EXAMPLES: list[m.Message] = [
         "r",
         input_ids=(1, 2, 3),
         sampling=SAMPLING,
-        detok=DetokParams(False, True, ("stop", "END")),
+        detok=DetokParams(False, ("stop", "END")),
         allow_auto_truncate=True,
         priority=3,
     ),

@@ -30,7 +30,6 @@ REPLACEMENT = "\ufffd"
 @dataclass(frozen=True)
 class DetokParams:
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     stop: tuple[str, ...] = ()
     # a stop string, or stop token (EOS, a stop_token_ids), that ends the text stays in it
     no_stop_trim: bool = False
@@ -85,7 +84,6 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._special = set(getattr(tokenizer, "all_special_ids", ()))
         self._states: dict[str, DecodeState] = {}
 
     def open(
@@ -223,18 +221,12 @@ class IncrementalDetokenizer:
         return [(texts[2 * i], texts[2 * i + 1]) for i in range(len(states))]
 
     def _decode_many(self, seqs: list[list[int]], states: Sequence[DecodeState]) -> list[str]:
+        # (a special token shown is set apart by no space: a fast tokenizer's decode, as
+        # vLLM's and SGLang's; spaces_between_special_tokens was slow tokenizers' alone)
         out = [""] * len(seqs)
         groups: dict[bool, list[int]] = {True: [], False: []}
-        for i, seq in enumerate(seqs):
-            params = states[i // 2].params
-            if (
-                not params.skip_special_tokens
-                and params.spaces_between_special_tokens
-                and self._special.intersection(seq)
-            ):
-                out[i] = self._decode_spaced(seq)
-            else:
-                groups[params.skip_special_tokens].append(i)
+        for i in range(len(seqs)):
+            groups[states[i // 2].params.skip_special_tokens].append(i)
         for skip, idx in groups.items():
             if idx:
                 decoded = self._batch_decode([seqs[i] for i in idx], skip)
@@ -246,20 +238,3 @@ class IncrementalDetokenizer:
         if self._backend is not None:  # the Rust tokenizer decodes the batch in one call
             return list(self._backend.decode_batch(seqs, skip_special_tokens=skip))
         return list(self._tokenizer.batch_decode(seqs, skip_special_tokens=skip))
-
-    def _decode_spaced(self, seq: list[int]) -> str:
-        """Special tokens kept and set apart by spaces, as slow Hugging Face
-        tokenizers did with ``spaces_between_special_tokens=True``."""
-        parts: list[str] = []
-        run: list[int] = []
-        for token in seq:
-            if token in self._special:
-                if run:
-                    parts.append(self._batch_decode([run], False)[0])
-                    run = []
-                parts.append(self._tokenizer.convert_ids_to_tokens(token))
-            else:
-                run.append(token)
-        if run:
-            parts.append(self._batch_decode([run], False)[0])
-        return " ".join(parts)

@@ -149,9 +149,10 @@ def build_request(
             f"top_logprobs: expected at most {max_logprobs} (the server's max_logprobs), "
             f"got {sampling.top_logprobs}"
         )
+    # taken as vLLM and SGLang take it, and without effect, as theirs with a fast tokenizer
+    _flag(options, "spaces_between_special_tokens", True)
     detok = DetokParams(
         _flag(options, "skip_special_tokens", True),
-        _flag(options, "spaces_between_special_tokens", True),
         _stop(options.get("stop")),
         _flag(options, "no_stop_trim", False),
         sampling.min_new_tokens,

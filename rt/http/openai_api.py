@@ -283,7 +283,7 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
     if req.stream:
         await _stream_completions(front, ex, req, jobs, head, echoes, n, rename, skip_special)
         return
-    as_ids, spaced = bool(req.return_tokens_as_token_ids), _spaced(req, skip_special)
+    as_ids = bool(req.return_tokens_as_token_ids)
     async with ex.cancel_on_disconnect():
         results = await run(front, jobs, rename=rename)
     if ex.disconnected:
@@ -310,7 +310,6 @@ async def completions(front: Front, ex: Exchange, body: bytes) -> None:
                             None if skip_special else seq.text,
                             len(echoes[i]),
                             as_ids,
-                            spaced,
                         ),
                     )
                     if req.logprobs is not None
@@ -345,12 +344,6 @@ def _echo_kept(front: Front, echoes: list[str], i: int, result: Result) -> None:
         echoes[i] = front.tokens.decode(result.kept_ids)
 
 
-def _spaced(req: CompletionRequest, skip_special: bool) -> bool:
-    """The text sets each special token it shows apart by spaces (the detokenizer's
-    ``spaces_between_special_tokens``, on by default)."""
-    return not skip_special and req.spaces_between_special_tokens is not False
-
-
 def _prompts(prompt: Any) -> list[Any]:
     if isinstance(prompt, str):
         return [prompt]
@@ -375,7 +368,6 @@ async def _stream_completions(
     offsets: dict[int, TextCursor] = {}  # where the next token's text starts, per choice
     extra = ChunkUsage(req.stream_options)
     as_ids = bool(req.return_tokens_as_token_ids)
-    spaced = _spaced(req, skip_special)
 
     def choice(
         index: int,
@@ -400,7 +392,6 @@ async def _stream_completions(
                 None if skip_special else seq.text,
                 len(echoes[index // n]),
                 as_ids,
-                spaced,
             )
             if echo is not None:
                 logprobs = with_echo(

@@ -74,8 +74,6 @@ class TextCursor:
 
     def __init__(self, at: int = 0) -> None:
         self.at = at
-        self.near = False  # the last token was a special token the text shows
-        self.fresh = True  # no token placed yet
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def settle(self, data: bytes) -> None:
@@ -100,7 +98,6 @@ def completion_logprobs(
     choice_text: str | None = None,
     base: int = 0,
     as_ids: bool = False,
-    spaced: bool = False,
 ) -> dict[str, Any]:
     """The legacy completions format; ``cursor``: where these tokens' text starts in
     the choice's text (see text_offsets, with ``choice_text`` and ``base``), moved
@@ -112,7 +109,7 @@ def completion_logprobs(
         "tokens": [name(t) for t in ids],
         "token_logprobs": list(logprobs),
         "top_logprobs": _tops(front, ids, logprobs, tops, as_ids),
-        "text_offset": text_offsets(front, ids, cursor, skip_special, choice_text, base, spaced),
+        "text_offset": text_offsets(front, ids, cursor, skip_special, choice_text, base),
     }
 
 
@@ -147,63 +144,31 @@ def text_offsets(
     skip_special: bool,
     text: str | None = None,
     base: int = 0,
-    spaced: bool = False,
 ) -> list[int]:
     """Where each token starts in the choice's text (``cursor`` moved past them):
     each token is as long as its own bytes decode to, but a special token the text
     leaves out is not there at all (an output's, with ``skip_special``; the BOS
-    the tokenizer put before an echoed ``text``, which does not hold it). Next to
-    a special token the text shows, the detokenizer sets a space (``spaced``:
-    ``spaces_between_special_tokens``). Where ``text`` (the choice's text from
-    ``base`` on, so much of it as has come) reaches, it decides both; past its
-    end (text a stop string holds back, or cut off by one), the rule does: a
-    stream and the whole answer give the same offsets."""
+    the tokenizer put before an echoed ``text``, which does not hold it). Where
+    ``text`` (the choice's text from ``base`` on, so much of it as has come)
+    reaches, it says whether a special token is shown; past its end (text a stop
+    string holds back, or cut off by one), ``skip_special`` does: a stream and the
+    whole answer give the same offsets."""
     offsets = []
     for t in ids:
-        special = front.tokens.special(t)
-        token = front.tokens.text(t) if special else None
+        token = front.tokens.text(t) if front.tokens.special(t) else None
         data = token.encode() if token is not None else bytes(front.tokens.bytes(t))
         cursor.settle(data)
-        piece = data.decode("utf-8", "replace")
-        if cursor.near or (special and not skip_special):
-            if _space_before(text, cursor.at - base, piece, spaced):
-                cursor.at += 1
-        elif (
-            cursor.fresh
-            and not skip_special
-            and _space_before(text, cursor.at - base, piece, False)
-        ):
-            # the first token after a prompt that ends in a special token: the text
-            # begins with the space set after it (where the text says so: the
-            # prompt's last token is not known here)
-            cursor.at += 1
         offsets.append(cursor.at)
-        cursor.near = cursor.fresh = False
         if token is not None:
             at = cursor.at - base
             if text is not None and len(text) - at >= len(token):  # it reaches: it says
                 shown = text.startswith(token, at)
             else:
                 shown = not skip_special
-            if shown:
-                cursor.advance(data)
-                cursor.near = True
-            continue
+            if not shown:
+                continue
         cursor.advance(data)
     return offsets
-
-
-def _space_before(text: str | None, at: int, piece: str, spaced: bool) -> bool:
-    """Whether the text has a space at ``at`` before ``piece`` (next to a special
-    token): as the text says where it reaches, else as the detokenizer sets them."""
-    if text is not None:
-        if text.startswith(piece, at):
-            return False
-        if text.startswith(" " + piece, at):
-            return True
-        if len(text) - at > len(piece):  # it reaches past, and has neither
-            return False
-    return spaced
 
 
 def echo_logprobs(

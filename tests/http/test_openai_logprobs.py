@@ -186,12 +186,15 @@ def test_offsets_place_the_pieces_of_a_character_where_the_character_starts(
     assert [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]] == offsets
 
 
-def test_offsets_pass_over_the_spaces_set_around_a_shown_special_token(
+def test_a_shown_special_token_is_its_own_text_and_the_offsets_place_it(
     http: httpx.Client,
 ) -> None:
-    """With ``skip_special_tokens: false`` the text sets each special token apart by
-    spaces (``spaces_between_special_tokens``): the special token and every token
-    after it used to point a character early for each one."""
+    """With ``skip_special_tokens: false`` a special token shows as its own text,
+    with no space set beside it: a fast tokenizer's decode, as vLLM's and SGLang's
+    (rt set it apart by spaces, as slow tokenizers did with
+    ``spaces_between_special_tokens``: ' Hello <|end|>'). Every offset points at
+    its token, streamed or not, with echo or not, a stop string holding text back
+    or not."""
     tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
     user = tokenizer.token_to_id("<|user|>")
     base = {
@@ -207,18 +210,19 @@ def test_offsets_pass_over_the_spaces_set_around_a_shown_special_token(
     held = {**base, "stop": ["\n\n"]}
     for body in (base, {**base, "echo": True}, held, {**held, "echo": True}):
         whole = http.post("/v1/completions", json=body).json()["choices"][0]
-        assert " <|user|> " in whole["text"]
+        assert "<|user|>" in whole["text"]
         assert_offsets_place_tokens(whole["text"], whole["logprobs"], {"<|bos|>"})
         chunks = [e["choices"][0] for e in streamed(http, "/v1/completions", body) if e["choices"]]
         offsets = [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
         assert offsets == whole["logprobs"]["text_offset"]
-    # a prompt that ends in a special token: the text begins with the space set after
-    # it, before a first token that is none (every token pointed a character early)
+    # after a prompt that ends in a special token too (its text began with a space)
     after = {**base, "prompt": "And God said<|system|>", "logit_bias": {}}
+    for body in (base, after):
+        whole = http.post("/v1/completions", json={**body, "return_token_ids": True}).json()
+        choice = whole["choices"][0]
+        assert choice["text"] == tokenizer.decode(choice["token_ids"], skip_special_tokens=False)
     for body in (after, {**after, "echo": True}):
         whole = http.post("/v1/completions", json=body).json()["choices"][0]
-        start = len(after["prompt"]) if "echo" in body else 0
-        assert whole["text"][start] == " "  # (the one set after <|system|>)
         assert_offsets_place_tokens(whole["text"], whole["logprobs"], {"<|bos|>"})
 
 
