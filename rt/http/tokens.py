@@ -23,6 +23,7 @@ from rt.tok.core import encode_each, unencodable
 from rt.tok.load import load_tokenizer
 
 BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
+METASPACE = "\u2581"  # SentencePiece's word boundary, a space in the text
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +74,8 @@ class TokenTexts:
                 return [_byte_of()[c] for c in piece]
             if m := BYTE_FALLBACK.fullmatch(piece):
                 return [int(m.group(1), 16)]
+            if METASPACE in piece and not vocab.byte_level:  # SentencePiece's "▁the": " the"
+                return list(piece.replace(METASPACE, " ").encode())  # (alone, it decodes "the")
         return list(self.text(token_id).encode())
 
 
