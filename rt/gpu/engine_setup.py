@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Iterator
@@ -45,14 +46,17 @@ def _loading(path: str | Path | None) -> Iterator[None]:
     a truncated or corrupt shard, a field of the wrong type, a rope setting that
     lacks a key. The actor's start is then refused (rt.actors.child): a restart
     would read the same files and fail alike, after loading what it could again.
-    Running out of memory is not the files' fault: raised as it is (on the CPU,
-    torch says so in a RuntimeError: "DefaultCPUAllocator: can't allocate memory")."""
+    Running out of memory is not the files' fault: raised as it is (on the CPU, torch
+    says so in a RuntimeError, "DefaultCPUAllocator: can't allocate memory" or
+    "unable to mmap …: Cannot allocate memory (12)"; an OSError has ENOMEM)."""
     try:
         yield
     except (RtError, MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as err:
-        if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):
+        if isinstance(err, OSError) and err.errno == errno.ENOMEM:
+            raise
+        if isinstance(err, RuntimeError) and "allocate memory" in str(err).lower():
             raise
         raise ModelLoadError(
             f"cannot load the model in {path}: {type(err).__name__}: {err}"

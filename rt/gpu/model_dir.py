@@ -76,9 +76,9 @@ def load_tokenizer(files: ModelFiles) -> Any:
 def _tokenizer_eos(path: Path, tok_cfg: dict[str, Any]) -> int | None:
     """The id of tokenizer_config.json's ``eos_token``: from its ``added_tokens_decoder``
     (where transformers writes every special token with its id), else from
-    tokenizer.json's ``added_tokens`` (a vocabulary of maybe 16 MB, read only then;
-    one that does not read names none: another may serve, ``tokenizer_path``).
-    None when neither names it."""
+    tokenizer.json's added tokens or vocabulary (maybe 16 MB, read only then; one
+    that does not read names none: another may serve, ``tokenizer_path``). None
+    when none names it."""
     name = tok_cfg.get("eos_token")
     if isinstance(name, dict):  # {"content": "</s>", ...}
         name = name.get("content")
@@ -86,15 +86,22 @@ def _tokenizer_eos(path: Path, tok_cfg: dict[str, Any]) -> int | None:
         return None
     added = tok_cfg.get("added_tokens_decoder")
     if isinstance(added, dict):
-        ids = [int(k) for k, t in added.items() if k.isdigit() and _names(t, name)]
-    else:
-        try:
-            listed = json.loads((path / "tokenizer.json").read_text()).get("added_tokens")
-        except (OSError, ValueError, AttributeError):
-            return None
-        listed = listed if isinstance(listed, list) else []
-        ids = [t["id"] for t in listed if _names(t, name) and isinstance(t.get("id"), int)]
-    return ids[0] if ids else None
+        listed_here = [int(k) for k, t in added.items() if k.isdigit() and _names(t, name)]
+        if listed_here:
+            return listed_here[0]
+    try:
+        data = json.loads((path / "tokenizer.json").read_text())
+        listed, vocab = data.get("added_tokens") or [], (data.get("model") or {}).get("vocab")
+    except (OSError, ValueError, AttributeError):
+        return None
+    ids: list[Any] = [t.get("id") for t in listed if _names(t, name)]
+    if isinstance(vocab, dict):  # (BPE's, WordPiece's, WordLevel's: token → id)
+        ids.append(vocab.get(name))
+    elif isinstance(vocab, list):  # (Unigram's: [token, score] at its id)
+        ids += [
+            i for i, entry in enumerate(vocab) if isinstance(entry, list) and entry[:1] == [name]
+        ]
+    return next((i for i in ids if isinstance(i, int)), None)
 
 
 def _names(token: Any, name: str) -> bool:

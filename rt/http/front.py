@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
+from prometheus_client import Histogram
 from pydantic import BaseModel
 
 from rt import errors
@@ -44,9 +45,14 @@ BIG_BODY = 1 << 20
 class Tracked:
     """One engine request in flight: abortable by rid, and timed."""
 
-    def __init__(self, front: Front, rid: str, batch: str | None, counted: bool = True) -> None:
+    def __init__(
+        self, front: Front, rid: str, batch: str | None, counted: bool = True, defer: bool = False
+    ) -> None:
         self.front = front
         self.counted = counted  # its figures go to the metrics (not a health probe's)
+        # its TTFT and gaps, kept to observe with its counts (a whole answer's: a refused
+        # batch's are not), or observed as they come (None: a stream's)
+        self.deferred: list[tuple[Histogram, float]] | None = [] if defer else None
         self.rid = rid
         self.batch = batch
         self.arrived = time.monotonic()
@@ -83,15 +89,21 @@ class Tracked:
         metrics = self.front.metrics
         if self.first_token_at is None:
             self.first_token_at = now
-            metrics.ttft.observe(now - self.arrived)
+            self._observe(metrics.ttft, now - self.arrived)
         last = self._last.get(delta.index)
         if last is None:  # a sequence's first chunk: its first token ends no gap,
             gaps, gap = tokens - 1, 0.0  # and the others came with it
         else:  # a chunk of k tokens: k gaps of its mean
             gaps, gap = tokens, (now - last) / tokens
         for _ in range(gaps):
-            metrics.itl.observe(gap)
+            self._observe(metrics.itl, gap)
         self._last[delta.index] = now
+
+    def _observe(self, histogram: Histogram, value: float) -> None:
+        if self.deferred is None:
+            histogram.observe(value)
+        else:
+            self.deferred.append((histogram, value))
 
 
 @dataclass
@@ -255,10 +267,12 @@ class Front:
         )
 
     @contextmanager
-    def track(self, rid: str, batch: str | None = None, counted: bool = True) -> Iterator[Tracked]:
+    def track(
+        self, rid: str, batch: str | None = None, counted: bool = True, defer: bool = False
+    ) -> Iterator[Tracked]:
         if rid in self.in_flight or rid in self._pending:
             self._in_use(rid)
-        tracked = Tracked(self, rid, batch, counted)
+        tracked = Tracked(self, rid, batch, counted, defer)
         self.in_flight[rid] = tracked
         try:
             yield tracked

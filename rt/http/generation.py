@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from prometheus_client import Histogram
 
 from rt import errors
 from rt.frontend.requests import MAX_RID_CHARS
@@ -65,6 +66,8 @@ class Result:
     input_ids: Any = None  # the prompt's ids the model read (an array), from the first chunk
     counts: bool = False  # its figures go to the metrics (once its run is not refused)
     queue_time: float | None = None  # until the scheduler first admitted it
+    sent: bool = False  # a chunk of it went out (a stream): its run is no refusal
+    latencies: list[tuple[Histogram, float]] = field(default_factory=list)  # (to observe)
 
     def elapsed(self) -> float:
         return self.e2e_latency or time.monotonic() - self.arrived
@@ -233,7 +236,8 @@ async def _run_one(
     )
     try:
         aborted = turns.started(job.rid)  # (aborted while it waited for its turn)
-        with front.track(job.rid, job.batch, counted) as tracked:
+        # (a whole answer's latencies are observed with its counts: none, if refused)
+        with front.track(job.rid, job.batch, counted, on_delta is None) as tracked:
             if aborted is not None:
                 tracked.abort(aborted)
             stream = tracked.stream = EngineStream(front.engine, job.prompt, job.options)
@@ -241,7 +245,7 @@ async def _run_one(
             watching = trio.CancelScope()
             if taken is not None:
                 nursery.start_soon(_watch_taken, stream, i, taken, watching)
-            counts = False  # whether its figures go to the metrics: not a refusal's
+            counts = False  # whether its figures go to the metrics: not a failure's
             try:
                 with tracked.scope:
                     async for delta in stream:
@@ -265,11 +269,12 @@ async def _run_one(
                             except trio.Cancelled:  # (an abort, a cancel) before it went out:
                                 result.undo(delta)  # the answer says only what the client had
                                 raise
+                            result.sent = True
                 counts = counted
             except trio.Cancelled:  # the client left, or a sibling failed
-                # a sibling's failure refuses the whole request: nothing of it counts
-                counts = counted and not failures
-                if counts and (stream.cut or not stream.ended):  # (else the engine made all)
+                counts = counted  # (what it was sent was made; a refused run: _counting)
+                # a sibling's failure is no client's abort
+                if not failures and (stream.cut or not stream.ended):  # (else all was made)
                     tracked.abort_cause = tracked.abort_cause or "cancelled"
                 raise
             finally:
@@ -283,8 +288,9 @@ async def _run_one(
                         result.input_ids = stream.input_ids
                     result.aborted = tracked.abort_cause
                     result.e2e_latency = time.monotonic() - result.arrived
-                    result.counts = counts  # (a client that left too: what it was sent was made)
+                    result.counts = counts
                     result.queue_time = stream.queue_time
+                    result.latencies = tracked.deferred or []
     except (errors.RtError, HTTPError) as err:
         failures.append(
             in_batch(err if isinstance(err, HTTPError) else http_error(err, rename), job)
@@ -343,12 +349,13 @@ def _counting(
     front: Front, results: list[Result | None], failures: list[HTTPError]
 ) -> Iterator[None]:
     """Count the run's results in the metrics as it ends, however it ends (a client
-    that left too), but for a run refused (a prompt's failure refuses them all: one
-    that finished before it is no more counted than the others)."""
+    that left too), but for a run refused: a prompt's failure before any chunk went
+    out refuses them all (the answer is an error), one that finished before it too.
+    After a stream began, what each was sent is counted, as a client's that left."""
     try:
         yield
     finally:
-        if not failures:
+        if not failures or any(r is not None and r.sent for r in results):
             for result in results:
                 if result is not None and result.counts:
                     _count(front, result)
@@ -358,8 +365,10 @@ def _count(front: Front, result: Result) -> None:
     metrics = front.metrics
     if result.queue_time is not None:
         metrics.queue_time.observe(result.queue_time)
-    if result.aborted is None:
-        metrics.e2e.observe(result.e2e_latency)
+    for histogram, value in result.latencies:
+        histogram.observe(value)
+    if result.aborted is None and all(seq.finish_reason is not None for seq in result.seqs):
+        metrics.e2e.observe(result.e2e_latency)  # (not one a sibling's failure cut)
     metrics.count_tokens(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
     for seq in result.seqs:
         if seq.finish_reason is not None:

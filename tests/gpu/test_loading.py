@@ -196,13 +196,15 @@ def test_the_tokenizers_eos_stops_generation(tmp_path: Path, checkpoints: dict[s
     config = {"eos_token": f"t{stop}", "added_tokens_decoder": added}
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     assert read_model_dir(path).eos_token_ids == (stop,)
-    # a tokenizer_config.json without them: tokenizer.json's added tokens say the id
+    # a tokenizer_config.json without them: tokenizer.json says the id (its vocabulary,
+    # or its added tokens)
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"t{stop}"}))
-    assert read_model_dir(path).eos_token_ids == ()  # (a plain token of the vocabulary)
-    special = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-    special.add_special_tokens([f"t{stop}"])
-    special.save(str(path / "tokenizer.json"))
     assert read_model_dir(path).eos_token_ids == (stop,)
+    special = Tokenizer(models.WordLevel(vocab={"t0": 0}, unk_token="t0"))
+    special.add_special_tokens([f"t{stop}"])  # (id 1 there)
+    special.save(str(path / "tokenizer.json"))
+    assert read_model_dir(path).eos_token_ids == (1,)
+    Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0")).save(str(path / "tokenizer.json"))
     res = run_all(make_engine(path), {"a": (p, greedy(8))})["a"]
     assert (
         res["final"].finish_reason == "stop" and res["tokens"] == tokens[: tokens.index(stop) + 1]
@@ -217,8 +219,9 @@ def test_running_out_of_memory_is_not_the_models_fault(
     path = tmp_path / "huge"
     path.mkdir()
     raw = json.loads((checkpoints["llama"] / "config.json").read_text())
-    # a 128 TiB embedding: past any address space, whatever the overcommit policy
-    huge = {**raw, "vocab_size": 1 << 25, "hidden_size": 1 << 20}
+    # a 256 PiB embedding: past any address space (57 bits with 5-level paging),
+    # whatever the overcommit policy
+    huge = {**raw, "vocab_size": 1 << 34, "hidden_size": 1 << 22}
     (path / "config.json").write_text(json.dumps(huge))
     with pytest.raises(RuntimeError, match="can't allocate memory"):
         make_engine(path, max_total_tokens=64)

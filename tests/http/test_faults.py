@@ -116,3 +116,38 @@ async def test_retractions_are_counted_since_start_through_a_scheduler_restart()
                     await trio.sleep(0.05)
             assert metrics(server)["rt_retractions_total{}"] == before
             assert (await client.post("/generate", json=body)).status_code == 200
+
+
+async def test_a_stream_that_fails_after_it_began_counts_what_it_sent(tmp_path: Path) -> None:
+    """A streamed batch whose second prompt crashes the scheduler, until it fails
+    alone as poison, after the first one's tokens went out: the 200 and those
+    tokens are the client's, and are counted (an error after a stream began is
+    no refusal of the request)."""
+    poison = {"actor": "scheduler", "point": "forward", "action": "sigkill", "match": " 744 "}
+    plan = write_plan(tmp_path / "poison.json", {"seed": 1, "faults": [{**poison, "times": 0}]})
+    params = {"max_new_tokens": 4, "ignore_eos": True}
+    body = {
+        "text": ["In the beginning", "Behold the zebra of Egypt"],  # (744: "zebra"'s id)
+        "stream": True,
+        "sampling_params": [params, params],
+    }
+    with running_server(f"--fault-plan={plan}") as server:
+        before = metrics(server)
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+            client.stream("POST", "/generate", json=body) as response,
+        ):
+            assert response.status_code == 200
+            events = [
+                json.loads(line[6:])
+                async for line in response.aiter_lines()
+                if line.startswith("data: {")
+            ]
+        after = metrics(server)
+    errors = [e for e in events if "error" in e]
+    ends = [e["meta_info"]["finish_reason"] for e in events if "error" not in e]
+    assert len(errors) == 1 and {"type": "length", "length": 4} in ends, events
+    moved = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert moved["rt_generation_tokens_total{}"] == 4, moved  # (counted nothing)
+    assert moved["rt_finished_requests_total{reason=length}"] == 1
+    assert moved["rt_e2e_request_latency_seconds_count{}"] == 1

@@ -41,7 +41,7 @@ async def test_a_batch_refused_whole_is_no_abort_and_counts_no_token(
     after = metrics(default_server)
     delta = moved(before, after)
     assert delta(CANCELLED) == 0
-    assert delta(PROMPT_TOKENS) == delta(GENERATED) == delta(E2E) == 0
+    assert delta(PROMPT_TOKENS) == delta(GENERATED) == delta(E2E) == delta(TTFT) == 0
     assert delta("rt_requests_total{endpoint=/generate,status=400}") == 1
     # nor is a prompt that finished before the refusal came (it was, now and then)
     texts = ["In", "In the", "In the beginning", "And God said " * 3000]
@@ -51,7 +51,8 @@ async def test_a_batch_refused_whole_is_no_abort_and_counts_no_token(
             answer = await client.post("/generate", json=body)
             assert answer.status_code == 400 and "text[3]" in answer.text, answer.text
     delta = moved(after, metrics(default_server))
-    assert delta(PROMPT_TOKENS) == delta(GENERATED) == delta(E2E) == 0
+    assert delta(PROMPT_TOKENS) == delta(GENERATED) == delta(E2E) == delta(TTFT) == 0
+    assert delta("rt_inter_token_latency_seconds_count{}") == 0
 
 
 async def test_a_health_probe_is_no_users_traffic(default_server: Server) -> None:
