@@ -339,6 +339,7 @@ class EngineOptions(BaseModel):
         refused here, before any process starts, not by an actor at each restart."""
         from rt.gpu.model_dir import read_model_dir
 
+        self._checkpoint_config()  # (no directory, or no config.json: said as everywhere)
         try:
             read_model_dir(self.resolved_model_path())
         except ModelLoadError as err:
