@@ -24,12 +24,33 @@ def moved(before: dict[str, float], after: dict[str, float]) -> Callable[[str], 
     return lambda name: after.get(name, 0.0) - before.get(name, 0.0)
 
 
+async def settled(server: Server) -> dict[str, float]:
+    """/metrics once nothing is in flight and two scrapes agree: what a test before
+    this one left unwinding (a client that left, counted as its task ends) is in."""
+    with trio.fail_after(30):
+        last: dict[str, float] = {}
+        while True:
+            if server.info()["requests_in_flight"] == 0:
+                now = {k: v for k, v in metrics(server).items() if not _scraping(k)}
+                if now == last:
+                    return now
+                last = now
+            await trio.sleep(0.1)
+
+
+def _scraping(sample: str) -> bool:
+    """A sample the scrapes themselves move (their requests, their connections)."""
+    return sample.startswith("rt_http_") or any(
+        f"endpoint={path}," in sample for path in ("/metrics", "/server_info")
+    )
+
+
 async def test_a_batch_refused_whole_is_no_abort_and_counts_no_token(
     default_server: Server,
 ) -> None:
     """A batch whose second prompt is past the context is a 400; its first prompt,
     started and cancelled by that refusal, was counted as a client's abort."""
-    before = metrics(default_server)
+    before = await settled(default_server)
     body = {
         "text": ["In the beginning", "And God said " * 400],
         "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
@@ -58,7 +79,7 @@ async def test_a_batch_refused_whole_is_no_abort_and_counts_no_token(
 async def test_a_health_probe_is_no_users_traffic(default_server: Server) -> None:
     """/health_generate makes a token, and was counted as a request: a load
     balancer probing a quiet server filled its latency histograms."""
-    before = metrics(default_server)
+    before = await settled(default_server)
     async with httpx.AsyncClient(base_url=default_server.url, timeout=60) as client:
         for _ in range(3):
             assert (await client.get("/health_generate")).status_code == 200
@@ -72,7 +93,7 @@ async def test_a_health_probe_is_no_users_traffic(default_server: Server) -> Non
 async def test_the_websockets_requests_are_counted(default_server: Server) -> None:
     """Each ``generate`` frame is a request of /ws's in rt_requests_total, by the
     status it was answered with (none was counted)."""
-    before = metrics(default_server)
+    before = await settled(default_server)
     url = default_server.url.replace("http://", "ws://") + "/ws"
     async with open_websocket_url(url) as ws:
         for cid in ("a", "b"):
